@@ -1,0 +1,184 @@
+"""Write a GGUF from a plan: key-values, then tensors streamed from source files or given as arrays.
+
+The header goes through `gguf.GGUFWriter`; tensor bytes are copied range by range from their source
+file (copy_file_range where the OS has it), so memory does not grow with file size and a copied
+tensor is bit-identical to its source. Output goes to a temporary file beside the target and is
+renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from gguf_tools.errors import BadFileError, RefusedError
+from gguf_tools.gguf_file import prescan
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    value: Any
+    type: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+@dataclass(frozen=True)
+class FileTensor:
+    """A tensor whose bytes are copied verbatim from `path` at absolute `offset`."""
+
+    name: str
+    type: GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml order
+    n_bytes: int
+    path: Path
+    offset: int
+
+
+@dataclass(frozen=True)
+class ArrayTensor:
+    """A tensor given as an array: float arrays in numpy order, or uint8 rows for quantized types."""
+
+    name: str
+    type: GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml order
+    data: np.ndarray
+
+    @property
+    def n_bytes(self) -> int:
+        return self.data.nbytes
+
+
+Tensor = FileTensor | ArrayTensor
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    arch: str
+    alignment: int
+    kvs: Sequence[KV]
+    tensors: Sequence[Tensor]
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+
+def check_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
+    """Refuse to clobber an existing file or an input unless asked; fail early on a missing folder."""
+    if not out.parent.is_dir():
+        raise RefusedError("output folder does not exist", out.parent)
+    if out.exists() and out.is_dir():
+        raise RefusedError("output is a folder", out)
+    if out.exists() and not overwrite:
+        raise RefusedError("output exists (pass --overwrite to replace it)", out)
+    for p in inputs:
+        if out.exists() and p.exists() and os.path.samefile(out, p) and not overwrite:
+            raise RefusedError("output is one of the inputs (pass --overwrite to replace it)", out)
+
+
+def write_gguf(plan: WritePlan, out: Path, progress: Progress | None = None) -> None:
+    """Write `plan` to `out` atomically: a temporary file beside it, renamed when complete.
+
+    When `out` already exists its replacement is fsynced before the rename, so a crash cannot
+    leave the user with neither file; a new file skips that (it costs seconds per GB).
+    """
+    durable = out.exists()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _write(plan, tmp, progress, durable)
+        prescan(tmp)  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _write(plan: WritePlan, tmp: Path, progress: Progress | None, durable: bool) -> None:
+    writer = GGUFWriter(path=None, arch=plan.arch)
+    writer.data_alignment = plan.alignment
+    for kv in plan.kvs:
+        if kv.key == "general.architecture":
+            continue  # GGUFWriter writes it first from `arch`
+        writer.add_key_value(kv.key, kv.value, kv.type, sub_type=kv.sub_type)
+    for t in plan.tensors:
+        # uint8 + raw_dtype: the shape is given in bytes and converted by the writer; give ggml order via numpy order
+        writer.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.n_bytes, raw_dtype=t.type)
+    writer.write_header_to_file(path=tmp)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    assert writer.fout is not None
+    fout = writer.fout[0]
+    total, done = plan.n_bytes, 0
+    sources: dict[Path, BinaryIO] = {}
+    try:
+        for t in plan.tensors:
+            writer.write_padding(fout, fout.tell())
+            for n in _copy_tensor(t, fout, sources):
+                done += n
+                if progress:
+                    progress(done, total)
+            writer.write_padding(fout, t.n_bytes)
+        fout.flush()
+        if durable:
+            os.fsync(fout.fileno())
+    finally:
+        writer.close()
+        for f in sources.values():
+            f.close()
+
+
+def _copy_tensor(t: Tensor, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> Iterator[int]:
+    if isinstance(t, ArrayTensor):
+        fout.write(np.ascontiguousarray(t.data).tobytes())
+        yield t.n_bytes
+        return
+    src = sources.get(t.path)
+    if src is None:
+        src = sources[t.path] = open(t.path, "rb")
+    yield from _copy_range(src, t.offset, t.n_bytes, fout, t.path)
+
+
+def _copy_range(src: BinaryIO, offset: int, n_bytes: int, fout: BinaryIO, path: Path) -> Iterator[int]:
+    """Copy n_bytes from src at offset to fout's current position, chunk by chunk."""
+    fout.flush()
+    left, pos = n_bytes, offset
+    use_cfr = hasattr(os, "copy_file_range")
+    while left:
+        n = min(CHUNK, left)
+        if use_cfr:
+            try:
+                got = os.copy_file_range(src.fileno(), fout.fileno(), n, pos)
+            except OSError:
+                use_cfr = False  # e.g. across file systems on old kernels: fall back to read/write
+                fout.seek(0, os.SEEK_END)
+                continue
+        else:
+            src.seek(pos)
+            buf = src.read(n)
+            got = len(buf)
+            fout.write(buf)
+        if got == 0:
+            raise BadFileError(f"file shrank while being read (wanted {left} more bytes at {pos})", path)
+        left -= got
+        pos += got
+        yield got
+    if use_cfr:
+        fout.seek(0, os.SEEK_END)  # copy_file_range moved the fd offset; keep Python's view in step

@@ -1,0 +1,74 @@
+"""Path-level operations: open inputs, plan, check the output, write. What the CLI calls."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from gguf_tools.errors import BadFileError
+from gguf_tools.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
+from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
+from gguf_tools.surgery import HeadSet, PackOptions, heads_from_gguf, plan_extract, plan_pack, plan_strip
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    path: Path
+    tensors: int
+    tensor_bytes: int
+    file_bytes: int
+
+
+def _finish(plan: WritePlan, out: Path, progress: Progress | None) -> WriteResult:
+    write_gguf(plan, out, progress)
+    return WriteResult(out, len(plan.tensors), plan.n_bytes, out.stat().st_size)
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def load_heads(source: Path, trunk: GGUFFile) -> HeadSet:
+    """Heads from an MTP sidecar or donor GGUF, or from HF safetensors (file, files or folder)."""
+    if not source.exists():
+        raise BadFileError("no such file or folder", source)
+    if source.is_file() and is_gguf(source):
+        return heads_from_gguf(open_gguf(source))
+    from gguf_tools import hf_heads  # safetensors only when asked for
+
+    if not hf_heads.is_safetensors_source(source):
+        raise BadFileError("is neither a GGUF file nor HF safetensors (a .safetensors file or a folder of them)", source)
+    lay = trunk.layout()
+    tensors = hf_heads.read_hf_heads(hf_heads.find_safetensors(source), trunk.arch, lay.n_trunk)
+    blocks = sorted({int(t.name.split(".")[1]) for t in tensors})
+    arrays = [ArrayTensor(t.name, GGMLQuantizationType.F16 if t.data.dtype == np.float16 else GGMLQuantizationType.F32,
+                          tuple(reversed(t.data.shape)), t.data) for t in tensors]
+    return HeadSet(source, lay.n_trunk, len(blocks), arrays)
+
+
+def pack(trunk_path: Path, heads_source: Path, out: Path, opts: PackOptions = PackOptions(),
+         overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
+    check_output(out, [trunk_path, heads_source], overwrite)
+    trunk = open_gguf(trunk_path)
+    plan = plan_pack(trunk, load_heads(heads_source, trunk), opts)
+    return _finish(plan, out, progress)
+
+
+def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
+    check_output(out, [path], overwrite)
+    return _finish(plan_strip(open_gguf(path)), out, progress)
+
+
+def extract(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
+    check_output(out, [path], overwrite)
+    return _finish(plan_extract(open_gguf(path)), out, progress)

@@ -1,0 +1,94 @@
+"""`inspect`: what a GGUF holds as far as MTP is concerned, and what to do about it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gguf_tools.archs import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, MTP_ARCHS
+from gguf_tools.gguf_file import GGUFFile, open_gguf
+from gguf_tools.surgery import has_trunk_blocks, head_tensors
+
+# Verdicts
+FULL = "full"  # trunk + head: runs with --spec-type mtp as it is
+TRUNK_ONLY = "trunk-only"  # an MTP arch whose head is missing
+SIDECAR = "mtp-sidecar"  # head blocks only: load with -md, or pack into its trunk
+ASSISTANT = "assistant-drafter"  # a separate drafter that reads the target's KV cache
+NO_MTP_GRAPH = "no-mtp-graph"  # llama.cpp has no MTP graph for this arch
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: str
+    shape: list[int]
+    bytes: int
+
+
+@dataclass
+class InspectReport:
+    path: str
+    file_bytes: int
+    arch: str
+    name: str | None
+    block_count: int
+    trunk_blocks: int
+    head_blocks: int
+    n_embd: int | None
+    n_vocab: int | None
+    tensor_count: int
+    tensor_types: dict[str, int]
+    head_tensors: list[TensorInfo] = field(default_factory=list)
+    head_bytes: int = 0
+    verdict: str = ""
+    advice: str = ""
+    adoptable: bool = False
+
+    @property
+    def head_share(self) -> float:
+        return self.head_bytes / self.file_bytes if self.file_bytes else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["head_share"] = self.head_share
+        return d
+
+
+def inspect_file(path: str | Path) -> InspectReport:
+    return inspect_gguf(open_gguf(path))
+
+
+def inspect_gguf(gf: GGUFFile) -> InspectReport:
+    lay = gf.layout()
+    heads = head_tensors(gf)
+    rep = InspectReport(
+        path=str(gf.path), file_bytes=gf.size, arch=gf.arch, name=gf.get("general.name"),
+        block_count=lay.block_count, trunk_blocks=lay.n_trunk, head_blocks=lay.nextn_layers,
+        n_embd=gf.arch_get("embedding_length"), n_vocab=gf.n_vocab(), tensor_count=len(gf.tensors),
+        tensor_types=dict(Counter(t.type.name for t in gf.tensors.values()).most_common()),
+        head_tensors=[TensorInfo(t.name, t.type.name, list(t.shape), t.n_bytes) for t in heads],
+        head_bytes=sum(t.n_bytes for t in heads), adoptable=gf.arch in ADOPTABLE_ARCHS,
+    )
+    rep.verdict, rep.advice = _verdict(gf, rep)
+    return rep
+
+
+def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
+    name = gf.path.name
+    if gf.arch in ASSISTANT_ARCHS:
+        return ASSISTANT, f"a drafter for its target model: mtp-cli generate -m TARGET.gguf -md {name} --spec-type mtp"
+    if gf.arch not in MTP_ARCHS:
+        why = f"llama.cpp has no MTP graph for architecture {gf.arch!r}"
+        if rep.adoptable:
+            return NO_MTP_GRAPH, why + "; it can be re-expressed as glm4moe, which has one (mtp-cli adopt)"
+        return NO_MTP_GRAPH, why + "; use --spec-type ngram or a draft model (-md) instead"
+    if rep.head_blocks and rep.head_tensors and not has_trunk_blocks(gf):
+        return SIDECAR, (f"MTP-only sidecar: pass it as -md {name} with --spec-type mtp, "
+                         f"or graft it: mtp-cli pack TRUNK.gguf --heads {name} -o OUT.gguf")
+    if rep.head_blocks and rep.head_tensors:
+        return FULL, f"ready: mtp-cli generate -m {name} --spec-type mtp"
+    missing = " (the key declares head blocks but the file holds no head tensors)" if rep.head_blocks else ""
+    return TRUNK_ONLY, (f"no MTP head{missing}. Get one: an MTP sidecar (convert_hf_to_gguf.py --mtp, or "
+                        f"mtp-cli extract on a full GGUF), then mtp-cli pack {name} --heads SIDECAR.gguf -o OUT.gguf; "
+                        "--heads also takes the HF checkpoint's safetensors")

@@ -1,0 +1,300 @@
+"""Plan head surgery on GGUF files: pack (graft heads), strip (drop them), extract (heads only).
+
+Planning validates everything before a byte is written; `gguf_write.write_gguf` then streams the
+plan. Trunk tensors are always `FileTensor`s: their bytes are copied, never decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
+
+from gguf_tools.archs import ASSISTANT_ARCHS, MTP_ARCHS, block_index, key, rename_block
+from gguf_tools.errors import BadFileError, MismatchError, RefusedError
+from gguf_tools.gguf_file import GGUFFile, TensorEntry
+from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, Tensor, WritePlan
+
+log = logging.getLogger(__name__)
+
+# Per-layer array keys llama.cpp reads with n_layer_all entries (get_key_or_arr / get_arr).
+PER_LAYER_KEYS = (
+    "feed_forward_length", "expert_feed_forward_length", "expert_used_count",
+    "attention.head_count", "attention.head_count_kv", "attention.recurrent_layers",
+    "attention.sliding_window_pattern", "attention.rope_pattern", "attention.compress_ratios",
+    "attention.indexer_types", "swiglu_clamp_exp", "swiglu_clamp_shexp",
+)
+# Hyperparameters a head must share with the trunk it is grafted onto.
+MATCH_KEYS = (
+    "embedding_length", "vocab_size", "attention.head_count", "attention.head_count_kv",
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "expert_count",
+    "expert_used_count", "expert_shared_count", "expert_feed_forward_length",
+    "attention.layer_norm_rms_epsilon",
+)
+# Top-level tensors an MTP-only sidecar carries besides its head blocks (as `convert_hf_to_gguf.py --mtp`).
+SIDECAR_SHARED = ("token_embd.weight", "output_norm.weight", "output.weight")
+HEAD_TYPES = {
+    "f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+    "bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0,
+}
+FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    head_type: str = "keep"  # keep | f32 | f16 | bf16 | q8_0
+    replace: bool = False  # drop a head the trunk already has
+    force: bool = False  # graft despite a vocabulary mismatch
+
+
+# ---- reading a file's layout -------------------------------------------------------------------
+
+def head_tensors(gf: GGUFFile) -> list[TensorEntry]:
+    """Tensors in the file's head blocks (block index >= n_trunk)."""
+    n_trunk = gf.layout().n_trunk
+    return [t for t in gf.tensors.values() if (i := block_index(t.name)) is not None and i >= n_trunk]
+
+
+def trunk_tensors(gf: GGUFFile) -> list[TensorEntry]:
+    n_trunk = gf.layout().n_trunk
+    return [t for t in gf.tensors.values() if (i := block_index(t.name)) is None or i < n_trunk]
+
+
+def has_trunk_blocks(gf: GGUFFile) -> bool:
+    n_trunk = gf.layout().n_trunk
+    return any((i := block_index(t.name)) is not None and i < n_trunk for t in gf.tensors.values())
+
+
+# ---- key-values --------------------------------------------------------------------------------
+
+def copy_kvs(gf: GGUFFile) -> list[KV]:
+    out = []
+    for f in gf.fields():
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        out.append(KV(f.name, f.contents(), vtype, sub))
+    return out
+
+
+def _set_kv(kvs: list[KV], name: str, value: int, after: str) -> list[KV]:
+    """Set a uint32 key in place, or insert it right after `after`."""
+    for i, kv in enumerate(kvs):
+        if kv.key == name:
+            kvs[i] = KV(name, value, kv.type)
+            return kvs
+    idx = next((i + 1 for i, kv in enumerate(kvs) if kv.key == after), len(kvs))
+    kvs.insert(idx, KV(name, value, GGUFValueType.UINT32))
+    return kvs
+
+
+def _resize_layer_arrays(kvs: list[KV], arch: str, old_n: int, new_n: int,
+                         donor: dict[str, KV] | None) -> list[KV]:
+    """Per-layer arrays follow the block count: truncate, or extend from the donor's entries."""
+    names = {key(arch, k) for k in PER_LAYER_KEYS}
+    out = []
+    for kv in kvs:
+        if kv.key in names and kv.type == GGUFValueType.ARRAY and len(kv.value) == old_n:
+            value = list(kv.value)
+            if new_n < old_n:
+                value = value[:new_n]
+            else:
+                d = donor.get(kv.key) if donor else None
+                if d is not None and len(d.value) >= new_n:
+                    value += list(d.value)[old_n:new_n]
+                else:  # no donor entry: a head block is a dense attention block, like the trunk's last
+                    fill = False if kv.key.endswith("recurrent_layers") else value[-1]
+                    log.warning("%s: no value for the head block in the source; using %r", kv.key, fill)
+                    value += [fill] * (new_n - old_n)
+            kv = KV(kv.key, value, kv.type, kv.sub_type)
+        out.append(kv)
+    return out
+
+
+def _layout_kvs(gf: GGUFFile, n_trunk: int, n_heads: int, donor: dict[str, KV] | None) -> list[KV]:
+    arch, old = gf.arch, gf.layout().block_count
+    kvs = _resize_layer_arrays(copy_kvs(gf), arch, old, n_trunk + n_heads, donor)
+    kvs = _set_kv(kvs, key(arch, "block_count"), n_trunk + n_heads, after="")
+    if n_heads:
+        return _set_kv(kvs, key(arch, "nextn_predict_layers"), n_heads, after=key(arch, "block_count"))
+    return [kv for kv in kvs if kv.key != key(arch, "nextn_predict_layers")]
+
+
+def _file_tensor(gf: GGUFFile, t: TensorEntry, name: str | None = None) -> FileTensor:
+    return FileTensor(name or t.name, t.type, t.shape, t.n_bytes, gf.path, t.offset)
+
+
+# ---- strip and extract -------------------------------------------------------------------------
+
+def _require_head(gf: GGUFFile) -> list[TensorEntry]:
+    heads = head_tensors(gf)
+    if gf.layout().nextn_layers == 0 or not heads:
+        raise RefusedError(f"has no MTP head ({gf.arch}.nextn_predict_layers is "
+                           f"{gf.layout().nextn_layers}, {len(heads)} head tensors)", gf.path)
+    return heads
+
+
+def plan_strip(gf: GGUFFile) -> WritePlan:
+    """The trunk alone: head blocks dropped, block_count and per-layer arrays shrunk."""
+    _require_head(gf)
+    if not has_trunk_blocks(gf):
+        raise RefusedError("is an MTP-only sidecar: it has no trunk to keep", gf.path)
+    n_trunk = gf.layout().n_trunk
+    tensors = [_file_tensor(gf, t) for t in trunk_tensors(gf)]
+    return WritePlan(gf.arch, gf.alignment, _layout_kvs(gf, n_trunk, 0, None), tensors)
+
+
+def plan_extract(gf: GGUFFile) -> WritePlan:
+    """An MTP-only sidecar: head blocks plus the shared tensors llama.cpp's loader requires."""
+    heads = _require_head(gf)
+    shared = [gf.tensors[n] for n in SIDECAR_SHARED if n in gf.tensors]
+    tensors = [_file_tensor(gf, t) for t in shared + heads]
+    return WritePlan(gf.arch, gf.alignment, copy_kvs(gf), tensors)
+
+
+# ---- pack --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HeadSet:
+    """Head tensors from some source, named for blocks starting at `first_block` of the source."""
+
+    origin: Path
+    first_block: int
+    n_blocks: int
+    tensors: Sequence[Tensor]
+    kvs: dict[str, KV] | None = None  # the source's key-values, when it is a GGUF
+    tokens: list[bytes] | None = None
+    n_vocab: int | None = None
+
+
+def heads_from_gguf(src: GGUFFile) -> HeadSet:
+    """Take only the head blocks of a donor (trunk + head) or an MTP-only sidecar GGUF."""
+    if src.arch in ASSISTANT_ARCHS:
+        raise RefusedError(f"is a {src.arch} drafter, not an MTP head: use it with -md instead of packing it", src.path)
+    heads = _require_head(src)
+    lay = src.layout()
+    return HeadSet(src.path, lay.n_trunk, lay.nextn_layers, [_file_tensor(src, t) for t in heads],
+                   {kv.key: kv for kv in copy_kvs(src)}, src.token_bytes(), src.n_vocab())
+
+
+def plan_pack(trunk: GGUFFile, heads: HeadSet, opts: PackOptions = PackOptions()) -> WritePlan:
+    """Trunk tensors byte for byte, then the heads renumbered after the trunk's last block."""
+    arch = trunk.arch
+    if arch not in MTP_ARCHS:
+        raise RefusedError(f"llama.cpp has no MTP graph for architecture {arch!r}: a head packed into it "
+                           "would never run" + (" (mtp-cli adopt re-expresses llama/qwen2/qwen3 as glm4moe)"
+                                                if arch in ("llama", "qwen2", "qwen3") else ""), trunk.path)
+    own_heads = head_tensors(trunk)
+    if own_heads and not opts.replace:
+        raise RefusedError(f"already has an MTP head ({len(own_heads)} tensors); pass --replace to swap it", trunk.path)
+    n_trunk = trunk.layout().n_trunk
+    _check_compatible(trunk, heads, n_trunk, opts)
+    renamed = [_renumber(t, heads.first_block, n_trunk) for t in heads.tensors]
+    renamed = [convert_head_tensor(t, opts.head_type) for t in renamed]
+    _check_head_shapes(trunk, renamed)
+    tensors: list[Tensor] = [_file_tensor(trunk, t) for t in trunk_tensors(trunk)]
+    names = {t.name for t in tensors}
+    for t in renamed:
+        if t.name in names:
+            raise MismatchError(f"tensor {t.name!r} would appear twice in the output", heads.origin)
+        names.add(t.name)
+        tensors.append(t)
+    kvs = _layout_kvs(trunk, n_trunk, heads.n_blocks, heads.kvs)
+    return WritePlan(arch, trunk.alignment, kvs, tensors)
+
+
+def _renumber(t: Tensor, first_block: int, n_trunk: int) -> Tensor:
+    i = block_index(t.name)
+    if i is None or i < first_block:
+        raise MismatchError(f"head tensor {t.name!r} is not in a head block (>= {first_block})")
+    name = rename_block(t.name, n_trunk + i - first_block)
+    if isinstance(t, FileTensor):
+        return FileTensor(name, t.type, t.shape, t.n_bytes, t.path, t.offset)
+    return ArrayTensor(name, t.type, t.shape, t.data)
+
+
+def _check_compatible(trunk: GGUFFile, heads: HeadSet, n_trunk: int, opts: PackOptions) -> None:
+    src = heads.origin
+    if heads.kvs is not None:
+        src_arch = heads.kvs["general.architecture"].value
+        if src_arch != trunk.arch:
+            raise MismatchError(f"architecture {src_arch!r} does not match the trunk's {trunk.arch!r} ({trunk.path})", src)
+        if heads.first_block != n_trunk:
+            raise MismatchError(f"its head follows {heads.first_block} trunk blocks, the trunk has {n_trunk} ({trunk.path})", src)
+        for k in MATCH_KEYS:
+            a, b = trunk.get(key(trunk.arch, k)), heads.kvs.get(key(trunk.arch, k))
+            if a is not None and b is not None and _scalar(a) != _scalar(b.value):
+                raise MismatchError(f"{key(trunk.arch, k)} is {b.value!r}, the trunk's is {a!r} ({trunk.path})", src)
+    if heads.n_vocab is not None and trunk.n_vocab() is not None and heads.n_vocab != trunk.n_vocab():
+        raise MismatchError(f"vocabulary has {heads.n_vocab} tokens, the trunk's {trunk.n_vocab()} ({trunk.path})", src)
+    ta, tb = trunk.token_bytes(), heads.tokens
+    if ta is not None and tb is not None and ta != tb:
+        first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        msg = f"vocabulary differs from the trunk's ({trunk.path}) first at token {first}"
+        if not opts.force:
+            raise MismatchError(msg + "; pass --force to graft anyway", src)
+        log.warning("--force: %s: %s", src, msg)
+
+
+def _scalar(v: object) -> object:
+    """Compare floats at float32 precision (the file stores float32)."""
+    return float(np.float32(v)) if isinstance(v, float) else v
+
+
+def _check_head_shapes(trunk: GGUFFile, tensors: Sequence[Tensor]) -> None:
+    """The nextn tensors' shapes follow from the trunk's n_embd and n_vocab (qwen35.cpp, glm4-moe.cpp)."""
+    n_embd, n_vocab = trunk.arch_get("embedding_length"), trunk.n_vocab()
+    if not isinstance(n_embd, int) or n_vocab is None:
+        return
+    expect = {
+        "nextn.eh_proj.weight": (2 * n_embd, n_embd), "nextn.enorm.weight": (n_embd,),
+        "nextn.hnorm.weight": (n_embd,), "nextn.shared_head_norm.weight": (n_embd,),
+        "nextn.embed_tokens.weight": (n_embd, n_vocab), "nextn.shared_head_head.weight": (n_embd, n_vocab),
+    }
+    for t in tensors:
+        suffix = t.name.split(".", 2)[2]
+        want = expect.get(suffix)
+        if want is not None and tuple(t.shape) != want:
+            raise MismatchError(f"head tensor {t.name} has shape {list(t.shape)}, the trunk needs {list(want)}")
+
+
+# ---- head type conversion ----------------------------------------------------------------------
+
+def convert_head_tensor(t: Tensor, head_type: str) -> Tensor:
+    """Convert a float head tensor to the requested type; norms (1-D) stay F32, quantized stay as they are."""
+    if isinstance(t, FileTensor) and (head_type == "keep" or t.type not in FLOAT_TYPES):
+        if head_type != "keep" and t.type not in FLOAT_TYPES:
+            log.info("%s is %s: kept as is (re-quantizing would lose precision)", t.name, t.type.name)
+        return t
+    data = _load_f32(t)
+    if len(t.shape) == 1 or not t.name.endswith(".weight") or ".ffn_gate_inp" in t.name:
+        target = GGMLQuantizationType.F32  # as llama.cpp's converter: norms, biases and routers stay F32
+    elif head_type == "keep":
+        target = t.type if isinstance(t, ArrayTensor) else GGMLQuantizationType.F32
+    else:
+        if head_type not in HEAD_TYPES:
+            raise RefusedError(f"unknown head type {head_type!r} (keep, {', '.join(HEAD_TYPES)})")
+        target = HEAD_TYPES[head_type]
+    block = GGML_QUANT_SIZES[target][0]
+    if t.shape[0] % block:
+        log.warning("%s: first dimension %d is not a multiple of %d; kept as F32", t.name, t.shape[0], block)
+        target = GGMLQuantizationType.F32
+    if isinstance(t, ArrayTensor) and t.type == target and target != GGMLQuantizationType.BF16:
+        return t
+    return ArrayTensor(t.name, target, t.shape, quants.quantize(data, target))
+
+
+def _load_f32(t: Tensor) -> np.ndarray:
+    shape = tuple(reversed(t.shape))
+    if isinstance(t, ArrayTensor) and t.data.dtype != np.uint8:
+        return np.asarray(t.data, dtype=np.float32).reshape(shape)
+    if isinstance(t, ArrayTensor):
+        raw = t.data
+    else:
+        raw = np.fromfile(t.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+        if raw.size != t.n_bytes:
+            raise BadFileError(f"file ends inside tensor {t.name!r}", t.path)
+    return np.asarray(quants.dequantize(raw, t.type), dtype=np.float32).reshape(shape)

@@ -1,0 +1,3 @@
+"""mtp-cli: multi-token prediction for local GGUF models, on llama.cpp."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from mtp_cli.cli import main
+
+main()
