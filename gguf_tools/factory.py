@@ -382,7 +382,7 @@ _FILE_TYPE = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTL
 
 def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
     a = spec.arch
-    w.add_name(f"{spec.name}-{a}-{spec.kind}-{spec.weights}")
+    w.add_name(f"{spec.name}-{a}-{spec.weights}")  # the same model whatever the kind (full, trunk, sidecar)
     w.add_file_type(int(_FILE_TYPE[spec.dtype]))
     if spec.dtype == "q8_0":
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
