@@ -293,6 +293,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise BadFileError(f"not a valid GGUF: {e}", path) from None
     tensors = {t.name: t for t in scan.tensors}
     gf = GGUFFile(path, path.stat().st_size, reader, scan, tensors)
+    if not isinstance(gf.arch, str):
+        raise BadFileError(f"general.architecture must be a string, not {gf.arch!r}", path)
     if gf.arch == "" and len(scan.tensors):
         raise BadFileError("not a valid GGUF model: general.architecture is missing", path)
     return gf

@@ -193,8 +193,8 @@ def plan_pack(trunk: GGUFFile, heads: HeadSet, opts: PackOptions = PackOptions()
     n_trunk = trunk.layout().n_trunk
     _check_compatible(trunk, heads, n_trunk, opts)
     renamed = [_renumber(t, heads.first_block, n_trunk) for t in heads.tensors]
-    renamed = [convert_head_tensor(t, opts.head_type) for t in renamed]
     _check_head_shapes(trunk, renamed)
+    renamed = [convert_head_tensor(t, opts.head_type) for t in renamed]
     tensors: list[Tensor] = [_file_tensor(trunk, t) for t in trunk_tensors(trunk)]
     names = {t.name for t in tensors}
     for t in renamed:
@@ -245,20 +245,27 @@ def _scalar(v: object) -> object:
 
 
 def _check_head_shapes(trunk: GGUFFile, tensors: Sequence[Tensor]) -> None:
-    """The nextn tensors' shapes follow from the trunk's n_embd and n_vocab (qwen35.cpp, glm4-moe.cpp)."""
+    """Shapes llama.cpp will demand: nextn tensors from n_embd/n_vocab (qwen35.cpp, glm4-moe.cpp), the rest from the trunk."""
     n_embd, n_vocab = trunk.arch_get("embedding_length"), trunk.n_vocab()
-    if not isinstance(n_embd, int) or n_vocab is None:
-        return
-    expect = {
+    expect = {} if not isinstance(n_embd, int) or n_vocab is None else {
         "nextn.eh_proj.weight": (2 * n_embd, n_embd), "nextn.enorm.weight": (n_embd,),
         "nextn.hnorm.weight": (n_embd,), "nextn.shared_head_norm.weight": (n_embd,),
         "nextn.embed_tokens.weight": (n_embd, n_vocab), "nextn.shared_head_head.weight": (n_embd, n_vocab),
     }
+    # A head block's ordinary tensors have the shapes of the trunk's latest block with the same tensor.
+    latest: dict[str, TensorEntry] = {}
+    for t in trunk_tensors(trunk):
+        if block_index(t.name) is not None:
+            latest[t.name.split(".", 2)[2]] = t
     for t in tensors:
         suffix = t.name.split(".", 2)[2]
         want = expect.get(suffix)
         if want is not None and tuple(t.shape) != want:
             raise MismatchError(f"head tensor {t.name} has shape {list(t.shape)}, the trunk needs {list(want)}")
+        same = latest.get(suffix)
+        if same is not None and tuple(t.shape) != tuple(same.shape):
+            raise MismatchError(f"head tensor {t.name} has shape {list(t.shape)}, "
+                                f"the trunk's {same.name} has {list(same.shape)}")
 
 
 # ---- head type conversion ----------------------------------------------------------------------

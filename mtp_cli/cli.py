@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -30,8 +31,8 @@ class UserError(click.ClickException):
 
     exit_code = 2
 
-    def show(self, file=None) -> None:  # one line, no "Error:" noise beyond the message
-        err.print(f"[bold red]error:[/] {self.format_message()}", highlight=False, markup=True, soft_wrap=True)
+    def show(self, file=None) -> None:
+        err.print(f"[bold red]error:[/] {escape(self.format_message())}", highlight=False, soft_wrap=True)
 
 
 class MtpGroup(click.Group):
@@ -41,7 +42,7 @@ class MtpGroup(click.Group):
         try:
             return super().invoke(ctx)
         except GGUFToolError as e:
-            raise UserError(click.utils.escape(str(e)) if hasattr(click.utils, "escape") else str(e)) from None
+            raise UserError(str(e)) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             sys.exit(130)

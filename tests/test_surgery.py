@@ -354,3 +354,18 @@ def test_pack_from_hf_safetensors_runs_like_full(sets, tmp_path):
             pair.close()
     np.testing.assert_allclose(res[0], res[1], rtol=1e-5, atol=1e-5)
     assert (res[0].argmax(-1) == res[1].argmax(-1)).all()
+
+
+def test_hf_head_with_wrong_attention_shape_is_refused(sets, tmp_path):
+    from safetensors.numpy import save_file
+
+    s = sets("qwen35", dtype="f32")
+    rng = np.random.default_rng(0)
+    hf = {"mtp.fc.weight": rng.standard_normal((64, 128), dtype=np.float32),
+          "mtp.pre_fc_norm_embedding.weight": np.zeros(64, np.float32),
+          "mtp.pre_fc_norm_hidden.weight": np.zeros(64, np.float32),
+          "mtp.layers.0.self_attn.q_proj.weight": np.zeros((96, 64), np.float32)}  # the trunk's is 128 x 64
+    save_file(hf, str(tmp_path / "m.safetensors"))
+    with pytest.raises(MismatchError, match=r"blk.2.attn_q.weight has shape \[64, 96\], the trunk's blk.1.attn_q.weight"):
+        ops.pack(s["trunk"], tmp_path / "m.safetensors", tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists()
