@@ -369,3 +369,27 @@ def test_hf_head_with_wrong_attention_shape_is_refused(sets, tmp_path):
     with pytest.raises(MismatchError, match=r"blk.2.attn_q.weight has shape \[64, 96\], the trunk's blk.1.attn_q.weight"):
         ops.pack(s["trunk"], tmp_path / "m.safetensors", tmp_path / "o.gguf")
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_custom_alignment_is_kept(sets, tmp_path):
+    from gguf import GGUFValueType
+
+    from gguf_tools.surgery import plan_strip
+
+    s = sets("glm4moe", weights="structured")
+    plan = plan_strip(open_gguf(s["full"]))
+    kvs = [*plan.kvs, KV("general.alignment", 256, GGUFValueType.UINT32)]
+    trunk = tmp_path / "trunk256.gguf"
+    write_gguf(WritePlan(plan.arch, 256, kvs, plan.tensors), trunk)
+    out = tmp_path / "p.gguf"
+    ops.pack(trunk, s["sidecar"], out)
+    gf = open_gguf(out)
+    assert gf.alignment == 256 and gf.get("general.alignment") == 256
+    assert all(t.offset % 256 == 0 for t in gf.tensors.values())
+    assert tensor_bytes(out) == tensor_bytes(s["full"])
+    pair = Pair(out, arch="glm4moe")
+    try:
+        _, h = pair.target_all([1, 5, 6])
+        assert np.isfinite(pair.mtp_prefill([1, 5, 6], h)).all()
+    finally:
+        pair.close()
