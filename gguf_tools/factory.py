@@ -1,4 +1,5 @@
-"""Tiny GGUF models for tests and demos: qwen35 and glm4moe, full / trunk-only / MTP-only sidecar.
+"""Tiny GGUF models for tests and demos: qwen35 and glm4moe, full / trunk-only / MTP-only sidecar;
+llama, qwen2 and qwen3 trunks (kind ``trunk`` only: sources for ``mtp-cli adopt``).
 
 Everything here is built with the `gguf` package and numpy; nothing imports llama.cpp. The files
 load in the llama.cpp vendored by llama-cpp-python 0.3.36.
@@ -41,12 +42,13 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-Arch = Literal["qwen35", "glm4moe"]
+Arch = Literal["qwen35", "glm4moe", "llama", "qwen2", "qwen3"]
 Kind = Literal["full", "trunk", "sidecar"]
 Weights = Literal["random", "structured"]
 DType = Literal["f32", "f16", "q8_0"]
 
 ARCHS: tuple[str, ...] = ("qwen35", "glm4moe")
+SOURCE_ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3")  # no MTP graph; trunk only; what adopt takes
 KINDS: tuple[str, ...] = ("full", "trunk", "sidecar")
 WEIGHTS: tuple[str, ...] = ("random", "structured")
 DTYPES: tuple[str, ...] = ("f32", "f16", "q8_0")
@@ -136,6 +138,7 @@ class TinySpec:
     # layout options
     head_optional: bool = False  # also write nextn.embed_tokens / shared_head_head / shared_head_norm
     tied_output: bool = False  # no output.weight (llama.cpp then uses token_embd)
+    qkv_bias: bool | None = None  # Q/K/V biases; None: only qwen2 has them
     name: str = "tiny"
 
     # -- derived -----------------------------------------------------------------------------
@@ -176,8 +179,10 @@ class TinySpec:
         return self.arch == "qwen35" and il < self.n_trunk_layers and (il + 1) % self.full_attention_interval != 0
 
     def validate(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch not in ARCHS + SOURCE_ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS + SOURCE_ARCHS}, got {self.arch!r}")
+        if self.arch in SOURCE_ARCHS and self.kind != "trunk":
+            raise ValueError(f"{self.arch} has no MTP graph: only kind='trunk' exists")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.weights not in WEIGHTS:
@@ -279,10 +284,14 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
         t[p + "attn_k.weight"] = lin(p + "attn_k.weight", D * Hkv, E)
         t[p + "attn_v.weight"] = lin(p + "attn_v.weight", D * Hkv, E)
         t[p + "attn_output.weight"] = lin(p + "attn_output.weight", E, D * H, branch_out=True)
-        if spec.arch == "qwen35":
-            t[p + "attn_q_norm.weight"] = ones(D)
-            t[p + "attn_k_norm.weight"] = ones(D)
-        t[p + "post_attention_norm.weight"] = ones(E)
+        if spec.qkv_bias or (spec.qkv_bias is None and spec.arch == "qwen2"):
+            for x, n in (("q", D * H), ("k", D * Hkv), ("v", D * Hkv)):
+                t[p + f"attn_{x}.bias"] = g.normal(p + f"attn_{x}.bias", (n,), 0.5)
+        if spec.arch in ("qwen35", "qwen3"):
+            t[p + "attn_q_norm.weight"] = ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_q_norm.weight", (D,), 0.2)
+            t[p + "attn_k_norm.weight"] = ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_k_norm.weight", (D,), 0.2)
+        t[p + ("ffn_norm.weight" if spec.arch in SOURCE_ARCHS and il < spec.n_trunk_layers
+               else "post_attention_norm.weight")] = ones(E)
 
     def dense_ffn(il: int) -> None:
         p = f"blk.{il}."
@@ -324,18 +333,14 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
     if spec.arch == "qwen35":
         dense_ffn(il)
     else:
-        # glm4moe: a MoE block with one routed expert carrying the MLP; zero router and zero
-        # exp_probs_b with sigmoid gating and expert_weights_norm make its weight exactly 1;
-        # the shared expert's down projection is zero.
-        n_exp = 1
-        t[p + "ffn_gate_inp.weight"] = np.zeros((n_exp, E), dtype=np.float32)
-        t[p + "exp_probs_b.bias"] = np.zeros(n_exp, dtype=np.float32)
-        t[p + "ffn_gate_exps.weight"] = lin(p + "ffn_gate_exps.weight", F, E)[None]
-        t[p + "ffn_up_exps.weight"] = lin(p + "ffn_up_exps.weight", F, E)[None]
-        t[p + "ffn_down_exps.weight"] = lin(p + "ffn_down_exps.weight", E, F, branch_out=True)[None]
-        t[p + "ffn_gate_shexp.weight"] = lin(p + "ffn_gate_shexp.weight", F, E)
-        t[p + "ffn_up_shexp.weight"] = lin(p + "ffn_up_shexp.weight", F, E)
-        t[p + "ffn_down_shexp.weight"] = np.zeros((E, F), dtype=np.float32)
+        # glm4moe: a MoE block with one routed expert carrying the MLP (its weight is exactly 1),
+        # the shared expert's down projection zero: see gguf_tools.glm4moe_head.
+        from gguf_tools.glm4moe_head import single_expert_ffn
+
+        ffn = single_expert_ffn(lin(p + "ffn_gate_exps.weight", F, E), lin(p + "ffn_up_exps.weight", F, E),
+                                lin(p + "ffn_down_exps.weight", E, F, branch_out=True),
+                                lin(p + "ffn_gate_shexp.weight", F, E), lin(p + "ffn_up_shexp.weight", F, E))
+        t.update({p + k: v for k, v in ffn.items()})
     if structured:
         eh = np.zeros((E, 2 * E), dtype=np.float32)
         eh[:, :E] = np.eye(E, dtype=np.float32)
@@ -410,7 +415,7 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
         w.add_ssm_group_count(spec.ssm_group_count)
         w.add_ssm_time_step_rank(spec.ssm_time_step_rank)
         w.add_ssm_inner_size(spec.ssm_inner_size)
-    else:
+    elif a == "glm4moe":
         w.add_leading_dense_block_count(spec.n_trunk_layers)
         w.add_expert_count(1)
         w.add_expert_used_count(1)

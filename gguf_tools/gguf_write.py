@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 CHUNK = 16 << 20
+ROW_WINDOW = 4 << 20  # bytes of output rows gathered at a time by a RowOrderTensor
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,29 @@ class ArrayTensor:
         return self.data.nbytes
 
 
-Tensor = FileTensor | ArrayTensor
+@dataclass(frozen=True)
+class RowOrderTensor:
+    """A tensor copied from `path` at absolute `offset` with its rows reordered: output row r is source row
+    `order[r]`. A row is `row_bytes` long (one ne0 run: whole quantized blocks, or one element of a 1-D
+    tensor), so rows move whole and nothing is decoded. Copied through a bounded window, never whole."""
+
+    name: str
+    type: GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml order
+    n_bytes: int
+    path: Path
+    offset: int
+    row_bytes: int
+    order: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.row_bytes <= 0 or len(self.order) * self.row_bytes != self.n_bytes:
+            raise ValueError(f"{self.name}: {len(self.order)} rows of {self.row_bytes} bytes != {self.n_bytes} bytes")
+        if sorted(self.order) != list(range(len(self.order))):
+            raise ValueError(f"{self.name}: row order is not a permutation")
+
+
+Tensor = FileTensor | ArrayTensor | RowOrderTensor
 
 
 @dataclass(frozen=True)
@@ -153,7 +176,49 @@ def _copy_tensor(t: Tensor, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> It
     src = sources.get(t.path)
     if src is None:
         src = sources[t.path] = open(t.path, "rb")
-    yield from _copy_range(src, t.offset, t.n_bytes, fout, t.path)
+    if isinstance(t, RowOrderTensor):
+        yield from _copy_rows(src, t, fout)
+    else:
+        yield from _copy_range(src, t.offset, t.n_bytes, fout, t.path)
+
+
+def _pread(src: BinaryIO, n: int, pos: int, path: Path) -> bytes:
+    parts, left = [], n
+    while left:
+        if hasattr(os, "pread"):
+            got = os.pread(src.fileno(), left, pos)
+        else:  # Windows
+            src.seek(pos)
+            got = src.read(left)
+        if not got:
+            raise BadFileError(f"file shrank while being read (wanted {left} more bytes at {pos})", path)
+        parts.append(got)
+        left -= len(got)
+        pos += len(got)
+    return b"".join(parts)
+
+
+def _copy_rows(src: BinaryIO, t: RowOrderTensor, fout: BinaryIO) -> Iterator[int]:
+    """Write t's rows in t.order, a window of output rows at a time.
+
+    A window whose source rows lie close together (a per-head shuffle) is read with one pread and
+    gathered in memory; otherwise each contiguous run of source rows is read on its own. Memory is
+    bounded by a few windows whatever the tensor or file size.
+    """
+    rb = t.row_bytes
+    order = np.asarray(t.order, dtype=np.int64)
+    per = max(1, ROW_WINDOW // rb)
+    for a in range(0, len(order), per):
+        idx = order[a:a + per]
+        lo, hi = int(idx.min()), int(idx.max()) + 1
+        if hi - lo <= 2 * len(idx):
+            span = np.frombuffer(_pread(src, (hi - lo) * rb, t.offset + lo * rb, t.path), np.uint8)
+            fout.write(span.reshape(hi - lo, rb)[idx - lo].tobytes())
+        else:
+            breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+            for run in np.split(idx, breaks):
+                fout.write(_pread(src, len(run) * rb, t.offset + int(run[0]) * rb, t.path))
+        yield len(idx) * rb
 
 
 def _copy_range(src: BinaryIO, offset: int, n_bytes: int, fout: BinaryIO, path: Path) -> Iterator[int]:

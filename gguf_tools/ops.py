@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from gguf_tools.adopt import plan_adopt
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
 from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
@@ -62,6 +63,14 @@ def pack(trunk_path: Path, heads_source: Path, out: Path, opts: PackOptions = Pa
     trunk = open_gguf(trunk_path)
     plan = plan_pack(trunk, load_heads(heads_source, trunk), opts)
     return _finish(plan, out, progress)
+
+
+def adopt(path: Path, out: Path, with_head_slot: bool = False, overwrite: bool = False,
+          progress: Progress | None = None, seed: int = 0) -> WriteResult:
+    """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt); optionally append a
+    randomly initialised MTP head block."""
+    check_output(out, [path], overwrite)
+    return _finish(plan_adopt(open_gguf(path), with_head_slot, seed), out, progress)
 
 
 def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:

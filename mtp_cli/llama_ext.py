@@ -235,23 +235,26 @@ def set_embeddings_nextn(ctx: ContextPtr, enabled: bool, masked: bool) -> None:
     _X.llama_set_embeddings_nextn(ctx, bool(enabled), bool(masked))
 
 
-def get_embeddings_nextn(ctx: ContextPtr, n_rows: int, *, copy: bool = True) -> np.ndarray:
+def get_embeddings_nextn(ctx: ContextPtr, n_rows: int, *, copy: bool = True,
+                         n_embd: Optional[int] = None) -> np.ndarray:
     """The first `n_rows` h rows of the last decode, shape (n_rows, n_embd_out), float32.
-    copy=False returns a view into llama.cpp's buffer, valid until the next decode."""
+    copy=False returns a view into llama.cpp's buffer, valid until the next decode. Pass n_embd
+    (= n_embd_out of the model) to skip looking it up."""
     ptr = _X.llama_get_embeddings_nextn(ctx)
     if not ptr:
         raise LlamaError("no nextn embeddings (set_embeddings_nextn not enabled, or nothing decoded)")
-    n = n_embd_out(context_model(ctx))
+    n = n_embd if n_embd else n_embd_out(context_model(ctx))
     arr = np.ctypeslib.as_array(ptr, shape=(int(n_rows), n))
     return arr.copy() if copy else arr
 
 
-def get_embeddings_nextn_ith(ctx: ContextPtr, i: int, *, copy: bool = True) -> np.ndarray:
+def get_embeddings_nextn_ith(ctx: ContextPtr, i: int, *, copy: bool = True,
+                             n_embd: Optional[int] = None) -> np.ndarray:
     """The h row of batch index `i` (negative: from the end of the outputs), shape (n_embd_out,)."""
     ptr = _X.llama_get_embeddings_nextn_ith(ctx, int(i))
     if not ptr:
         raise LlamaError(f"no nextn embedding row for batch index {i}")
-    n = n_embd_out(context_model(ctx))
+    n = n_embd if n_embd else n_embd_out(context_model(ctx))
     arr = np.ctypeslib.as_array(ptr, shape=(n,))
     return arr.copy() if copy else arr
 
@@ -291,9 +294,34 @@ class Batch:
             *[ctypes.cast(self.seq_ids.ctypes.data + 4 * k, seq_ptr_t) for k in range(self.capacity)]
         )
         self.n_tokens = 0
+        self._llama_batch: Any = None  # built once: the numpy arrays never move
 
     def clear(self) -> None:
         self.n_tokens = 0
+
+    def add_many(self, tokens: Any, pos0: int, *, seq_id: int = 0, logits_last: bool = False,
+                 h: Optional[np.ndarray] = None) -> int:
+        """Append len(tokens) tokens at positions pos0, pos0+1, ... (vectorised); `h` is a
+        (len(tokens), n_embd) block iff the batch carries h rows. Only the last appended token
+        gets logits when logits_last. Returns the batch index of the last appended token."""
+        n = len(tokens)
+        k = self.n_tokens
+        if n == 0:
+            return k - 1
+        if k + n > self.capacity:
+            raise LlamaError(f"batch capacity {self.capacity} exceeded")
+        self.tokens[k:k + n] = tokens
+        self.pos[k:k + n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self.seq_ids[k:k + n] = seq_id
+        self.logits[k:k + n] = 0
+        if logits_last:
+            self.logits[k + n - 1] = 1
+        if self.n_embd:
+            if h is None:
+                raise LlamaError("this batch carries h rows: pass h=")
+            self.h[k:k + n] = h
+        self.n_tokens = k + n
+        return k + n - 1
 
     def add(self, token: int, pos: int, *, seq_id: int = 0, logits: bool = False,
             h: Optional[np.ndarray] = None) -> int:
@@ -314,6 +342,10 @@ class Batch:
         return k
 
     def as_llama_batch(self) -> Any:
+        b = self._llama_batch
+        if b is not None:
+            b.n_tokens = self.n_tokens
+            return b
         b = _C.llama_batch()
         b.n_tokens = self.n_tokens
         b.token = self.tokens.ctypes.data_as(ctypes.POINTER(_C.llama_token))
@@ -323,6 +355,7 @@ class Batch:
         b.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(_C.llama_seq_id)))
         b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._llama_batch = b
         return b
 
 
@@ -347,6 +380,21 @@ def logits_ith(ctx: ContextPtr, i: int, *, copy: bool = True) -> np.ndarray:
     return arr.copy() if copy else arr
 
 
+def logits_rows(ctx: ContextPtr, n_rows: int, n_vocab_: int) -> np.ndarray:
+    """A (n_rows, n_vocab) float32 VIEW of the last decode's logits, in output order (row i is
+    batch index i when every batch token was marked for output). Valid until the next decode;
+    cheaper than logits_ith when the caller already knows n_vocab."""
+    ptr = _C.llama_get_logits(ctx)
+    if not ptr:
+        raise LlamaError("no logits (nothing decoded with output rows)")
+    return np.ctypeslib.as_array(ptr, shape=(int(n_rows), int(n_vocab_)))
+
+
+def memory_seq_pos_max(ctx: ContextPtr, seq_id: int = 0) -> int:
+    """Largest position held for the sequence (-1 when empty)."""
+    return int(_C.llama_memory_seq_pos_max(_C.llama_get_memory(ctx), int(seq_id)))
+
+
 def memory_seq_rm(ctx: ContextPtr, seq_id: int, p0: int, p1: int = -1) -> bool:
     """Remove cells [p0, p1) of a sequence (p1=-1: to the end); False if llama.cpp refuses
     (a recurrent state that cannot roll back that far)."""
@@ -357,6 +405,142 @@ def memory_clear(ctx: ContextPtr) -> None:
     """Drop every sequence (KV cells and recurrent states). Note: llama_memory_seq_rm with
     seq_id=-1 is refused by recurrent/hybrid memory (qwen35); use this or a concrete seq id."""
     _C.llama_memory_clear(_C.llama_get_memory(ctx), True)
+
+
+def n_ctx(ctx: ContextPtr) -> int:
+    """The context's actual size in tokens (llama.cpp may round the requested n_ctx)."""
+    return int(_C.llama_n_ctx(ctx))
+
+
+def n_batch(ctx: ContextPtr) -> int:
+    return int(_C.llama_n_batch(ctx))
+
+
+def model_has_recurrent_state(model: ModelPtr) -> bool:
+    """True for recurrent (Mamba/RWKV) and hybrid (qwen35 gated delta net) models: their state
+    rolls back only through n_rs_seq snapshots or a saved state, not by dropping KV cells."""
+    return bool(_C.llama_model_is_recurrent(model)) or bool(_C.llama_model_is_hybrid(model))
+
+
+def model_n_ctx_train(model: ModelPtr) -> int:
+    return int(_C.llama_model_n_ctx_train(model))
+
+
+# ---------------------------------------------------------------------------------------------
+# sequence state checkpoints (recurrent rollback beyond what n_rs_seq snapshots allow)
+# ---------------------------------------------------------------------------------------------
+
+STATE_PARTIAL_ONLY: int = int(_C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+
+
+class SeqCheckpoint:
+    """A reusable buffer holding one sequence's state. With partial=True (the default) only the
+    recurrent part of a hybrid memory is saved: the attention KV rolls back with memory_seq_rm."""
+
+    def __init__(self, ctx: ContextPtr, seq_id: int = 0, *, partial: bool = True):
+        self.ctx = ctx
+        self.seq_id = int(seq_id)
+        self.flags = STATE_PARTIAL_ONLY if partial else 0
+        self.buf = np.zeros(0, dtype=np.uint8)
+        self.n = 0
+
+    def save(self) -> None:
+        size = int(_C.llama_state_seq_get_size_ext(self.ctx, self.seq_id, self.flags))
+        if size > self.buf.size:
+            self.buf = np.zeros(size, dtype=np.uint8)
+        ptr = self.buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        self.n = int(_C.llama_state_seq_get_data_ext(self.ctx, ptr, size, self.seq_id, self.flags))
+        if self.n == 0:
+            raise LlamaError("llama_state_seq_get_data_ext saved nothing")
+
+    def restore(self) -> None:
+        if self.n == 0:
+            raise LlamaError("no checkpoint saved")
+        ptr = self.buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        if int(_C.llama_state_seq_set_data_ext(self.ctx, ptr, self.n, self.seq_id, self.flags)) == 0:
+            raise LlamaError("llama_state_seq_set_data_ext failed to restore the checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary
+# ---------------------------------------------------------------------------------------------
+
+
+def is_eog(model: ModelPtr, token: int) -> bool:
+    return bool(_C.llama_vocab_is_eog(_C.llama_model_get_vocab(model), int(token)))
+
+
+def vocab_type(model: ModelPtr) -> int:
+    return int(_C.llama_vocab_type(_C.llama_model_get_vocab(model)))
+
+
+def vocab_special(model: ModelPtr) -> tuple[int, int]:
+    """(bos, eos) token ids (-1 when the vocabulary has none)."""
+    v = _C.llama_model_get_vocab(model)
+    return int(_C.llama_vocab_bos(v)), int(_C.llama_vocab_eos(v))
+
+
+def token_text(model: ModelPtr, token: int) -> bytes:
+    """The vocabulary entry of `token` as stored (e.g. SentencePiece '\u2581the'), raw bytes."""
+    return _C.llama_vocab_get_text(_C.llama_model_get_vocab(model), int(token)) or b""
+
+
+class PieceDecoder:
+    """token id -> its piece as bytes (llama_token_to_piece, special tokens not rendered), with a
+    reusable buffer; pair with codecs' incremental UTF-8 decoder to stream text."""
+
+    def __init__(self, model: ModelPtr, *, render_special: bool = False):
+        self.vocab = _C.llama_model_get_vocab(model)
+        self.special = bool(render_special)
+        self.buf = ctypes.create_string_buffer(64)
+
+    def __call__(self, token: int) -> bytes:
+        n = int(_C.llama_token_to_piece(self.vocab, int(token), self.buf, len(self.buf), 0, self.special))
+        if n < 0:
+            self.buf = ctypes.create_string_buffer(-n + 8)
+            n = int(_C.llama_token_to_piece(self.vocab, int(token), self.buf, len(self.buf), 0, self.special))
+        return self.buf.raw[:max(n, 0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# samplers (llama.cpp's own chain, so the distribution is exactly llama.cpp's)
+# ---------------------------------------------------------------------------------------------
+
+SamplerPtr = Any
+DEFAULT_SEED: int = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+
+
+def sampler_chain(*, top_k: int, top_p: float, min_p: float, temp: float, seed: int) -> SamplerPtr:
+    """top_k -> top_p -> min_p -> temp -> dist(seed), llama.cpp's default order for these
+    samplers (common_sampler). Free with sampler_free."""
+    params = _C.llama_sampler_chain_default_params()
+    params.no_perf = True
+    chain = _C.llama_sampler_chain_init(params)
+    if not chain:
+        raise LlamaError("llama_sampler_chain_init failed")
+    if top_k > 0:
+        _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_top_k(int(top_k)))
+    if top_p < 1.0:
+        _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_top_p(float(top_p), 1))
+    if min_p > 0.0:
+        _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_min_p(float(min_p), 1))
+    _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_temp(float(temp)))
+    _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
+    return chain
+
+
+def sampler_sample(smpl: SamplerPtr, ctx: ContextPtr, i: int) -> int:
+    """Sample from the logits of batch index `i` (and let the chain accept the token)."""
+    return int(_C.llama_sampler_sample(smpl, ctx, int(i)))
+
+
+def sampler_reset(smpl: SamplerPtr) -> None:
+    _C.llama_sampler_reset(smpl)
+
+
+def sampler_free(smpl: SamplerPtr) -> None:
+    if smpl:
+        _C.llama_sampler_free(smpl)
 
 
 def tokenize(model: ModelPtr, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -396,4 +580,7 @@ __all__ = [
     "n_layer_nextn", "n_vocab", "n_rs_seq", "set_embeddings_nextn", "get_embeddings_nextn",
     "get_embeddings_nextn_ith", "set_nextn_layer_offset", "get_ctx_other", "decode", "logits_ith",
     "memory_seq_rm", "memory_clear", "tokenize", "detokenize",
+    "logits_rows", "memory_seq_pos_max", "n_ctx", "n_batch", "model_has_recurrent_state", "model_n_ctx_train",
+    "STATE_PARTIAL_ONLY", "SeqCheckpoint", "is_eog", "vocab_type", "vocab_special", "token_text", "PieceDecoder",
+    "SamplerPtr", "DEFAULT_SEED", "sampler_chain", "sampler_sample", "sampler_reset", "sampler_free",
 ]

@@ -1,0 +1,31 @@
+"""`--chat`: render the GGUF's own chat template (jinja2, as llama-cpp-python renders it)."""
+
+from __future__ import annotations
+
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from gguf_tools.gguf_file import GGUFFile
+
+
+class ChatTemplateError(Exception):
+    """The model has no usable chat template."""
+
+
+def chat_prompt(gf: GGUFFile, user: str, system: str | None = None) -> str:
+    """The prompt text for one user turn, ending where the assistant's answer begins."""
+    template = gf.get("tokenizer.chat_template")
+    if not isinstance(template, str) or not template.strip():
+        raise ChatTemplateError(f"{gf.path}: no chat template (tokenizer.chat_template); drop --chat")
+    tokens = gf.get("tokenizer.ggml.tokens") or []
+
+    def special(key: str) -> str:
+        i = gf.get(key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    try:
+        fmt = Jinja2ChatFormatter(template, eos_token=special("tokenizer.ggml.eos_token_id"),
+                                  bos_token=special("tokenizer.ggml.bos_token_id"))
+        return fmt(messages=messages).prompt
+    except Exception as e:  # a template is code from the file: report its failure in one line
+        raise ChatTemplateError(f"{gf.path}: the chat template failed to render: {e}") from None

@@ -1,0 +1,87 @@
+"""`mtp-cli generate`: the CLI over the runtime (parity itself is tested in test_runtime.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gguf_tools.factory import tiny_model_set
+from mtp_cli.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_set(tmp_path_factory.mktemp("gen"), "glm4moe", "structured", "q8_0", head_noise=1.5)
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["generate", *args])
+
+
+def gen_json(*args: str) -> dict:
+    r = run(*args, "--json", "-t", "2", "--temp", "0")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_mtp_greedy_equals_plain_and_reports_stats(tiny):
+    plain = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "40")
+    mtp = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "40", "--spec-type", "mtp",
+                   "--spec-draft-n-max", "3")
+    assert mtp["text"] == plain["text"] and plain["stats"]["n_tokens"] == 40
+    s = mtp["stats"]
+    assert s["spec_type"] == "mtp" and s["n_drafted"] > 0 and 0 < s["acceptance"] < 1
+    assert s["n_verify"] < plain["stats"]["n_verify"]  # fewer target passes for the same tokens
+    assert len(s["acceptance_by_pos"]) == 3 and s["stop_reason"] == "n_predict"
+
+
+def test_sidecar_with_md_and_draft_spelling(tiny):
+    a = gen_json("-m", str(tiny["full"]), "-p", "the", "-n", "24", "--spec-type", "mtp")
+    b = gen_json("-m", str(tiny["trunk"]), "-md", str(tiny["sidecar"]), "-p", "the", "-n", "24",
+                 "--spec-type", "draft-mtp")
+    assert a["text"] == b["text"] and a["stats"]["n_accepted"] == b["stats"]["n_accepted"]
+
+
+def test_stream_and_summary(tiny, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    r = run("-m", str(tiny["full"]), "-f", str(prompt), "-n", "12", "--temp", "0", "--spec-type", "mtp",
+            "--show-draft", "-t", "2")
+    assert r.exit_code == 0, r.output
+    assert "12 generated" in r.stderr and "verify passes" in r.stderr and "acceptance" in r.stderr
+    assert "\x1b[32m" in r.stdout  # accepted drafts coloured
+
+
+def test_context_full_is_said(tiny):
+    r = run("-m", str(tiny["full"]), "-p", "hello", "-c", "16", "--temp", "0", "--spec-type", "mtp", "-t", "2")
+    assert r.exit_code == 0, r.output
+    assert "context full" in r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--spec-type", "mtp"], "has no MTP head"),
+    (["--spec-type", "mtp", "--spec-draft-n-max", "0"], "--spec-draft-n-max must be in"),
+    (["--spec-type", "draft"], "needs a draft model"),
+])
+def test_bad_requests_one_line_exit_2(tiny, args, msg):
+    r = run("-m", str(tiny["trunk"]), "-p", "hi", *args)
+    assert r.exit_code == 2, r.output
+    assert msg in r.output and len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_missing_model_and_prompt(tiny, tmp_path):
+    r = run("-m", str(tmp_path / "nope.gguf"), "-p", "hi")
+    assert r.exit_code == 2 and "no such file" in r.output
+    (tmp_path / "x.gguf").write_text("not a model")
+    r = run("-m", str(tmp_path / "x.gguf"), "-p", "hi")
+    assert r.exit_code == 2 and "not a GGUF" in r.output
+    r = run("-m", str(tiny["full"]))
+    assert r.exit_code == 2 and "-p TEXT" in r.output
+
+
+def test_chat_template_is_applied(tiny):
+    out = gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "4", "--chat")
+    assert out["prompt"] != "hello" and "hello" in out["prompt"]
+    assert out["stats"]["n_prompt"] > gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "4")["stats"]["n_prompt"]
