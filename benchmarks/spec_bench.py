@@ -100,7 +100,7 @@ def main() -> None:
             from mtp_cli.chat import chat_prompt
 
             gf = open_gguf(model)
-            texts = [chat_prompt(gf, t) for t in texts]
+            texts = [chat_prompt(gf, t, *rt.special_texts()) for t in texts]
         prompts = [rt.tokenize(t, parse_special=args.chat) for t in texts]
         settings = [("none", replace(base, spec_type="none"))]
         settings += [(f"mtp N={n}", replace(base, spec_type="mtp", draft_n_max=n)) for n in range(1, args.n_max + 1)]

@@ -8,11 +8,12 @@ does `open_gguf` hand the file to `GGUFReader`.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class ArrayValue:
+    """An array key-value as the prescan saw it: only its length (the reader decodes the items)."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class Prescan:
     """What the header declares, checked against the file size."""
 
@@ -60,7 +68,7 @@ class Prescan:
     byteorder: str  # "<" or ">"
     alignment: int
     data_start: int
-    kv_keys: tuple[str, ...]
+    values: dict[str, Any]  # scalars and strings as read; arrays as ArrayValue
     tensors: tuple[TensorEntry, ...]
 
 
@@ -101,7 +109,7 @@ class _Cursor:
             raise self.fail(f"{what} is not valid UTF-8") from None
 
     def skip_value(self, vtype: int, what: str, depth: int = 0) -> Any:
-        """Read one value; return it when scalar/string (for the keys we need), else None."""
+        """Read one value: a scalar or string as itself, an array as ArrayValue(count)."""
         if vtype not in _VALUE_TYPES:
             raise self.fail(f"{what} has unknown value type {vtype}")
         vt = GGUFValueType(vtype)
@@ -118,13 +126,13 @@ class _Cursor:
         et = GGUFValueType(etype)
         if et in _SCALAR_FMT:
             self.take(count * struct.calcsize(_SCALAR_FMT[et]), f"{what} ({count} elements)")
-            return None
+            return ArrayValue(count)
         # Each string or array element takes at least 8 bytes: cap the count before looping over it.
         if count * 8 > self.remaining():
             raise self.fail(f"{what} declares {count} elements, more than the file can hold")
         for _ in range(count):
             self.skip_value(etype, what, depth + 1)
-        return None
+        return ArrayValue(count)
 
 
 def prescan(path: Path) -> Prescan:
@@ -152,17 +160,14 @@ def _prescan(cur: _Cursor) -> Prescan:
     if n_kv * 13 + n_tensors * 24 > cur.remaining():
         raise cur.fail(f"declares {n_kv} key-values and {n_tensors} tensors, more than the file can hold (truncated?)")
 
-    keys: list[str] = []
-    seen: set[str] = set()
+    values: dict[str, Any] = {}
     alignment = gguf.GGUF_DEFAULT_ALIGNMENT
     for i in range(n_kv):
         name = cur.string(f"key #{i}")
-        if name in seen:
+        if name in values:
             raise cur.fail(f"key {name!r} appears twice")
-        seen.add(name)
-        keys.append(name)
         vtype = cur.unpack("I", f"the type of key {name!r}")
-        value = cur.skip_value(vtype, f"key {name!r}")
+        value = values[name] = cur.skip_value(vtype, f"key {name!r}")
         if name == gguf.Keys.General.ALIGNMENT:
             if vtype != GGUFValueType.UINT32 or not value or value & (value - 1):
                 raise cur.fail(f"general.alignment must be a power-of-two uint32, got {value!r}")
@@ -186,7 +191,7 @@ def _prescan(cur: _Cursor) -> Prescan:
     data_start = -(-cur.pos // alignment) * alignment
     tensors = tuple(_check_tensor(cur, data_start, alignment, *info) for info in infos)
     _check_overlaps(cur, tensors)
-    return Prescan(version, cur.bo, alignment, data_start, tuple(keys), tensors)
+    return Prescan(version, cur.bo, alignment, data_start, values, tensors)
 
 
 def _check_tensor(cur: _Cursor, data_start: int, alignment: int,
@@ -221,15 +226,23 @@ def _check_overlaps(cur: _Cursor, tensors: tuple[TensorEntry, ...]) -> None:
             raise cur.fail(f"tensors {a.name!r} and {b.name!r} overlap")
 
 
-@dataclass
 class GGUFFile:
-    """A validated GGUF: its reader, tensors by name (file order) and the few keys everyone needs."""
+    """A validated GGUF: tensors by name (file order), scalar keys from the prescan, and the gguf
+    reader for arrays and copying, created on first use (it decodes every array item, which takes
+    seconds on a large vocabulary)."""
 
-    path: Path
-    size: int
-    reader: GGUFReader
-    scan: Prescan
-    tensors: dict[str, TensorEntry] = field(default_factory=dict)
+    def __init__(self, path: Path, size: int, scan: Prescan):
+        self.path, self.size, self.scan = path, size, scan
+        self.tensors: dict[str, TensorEntry] = {t.name: t for t in scan.tensors}
+
+    @functools.cached_property
+    def reader(self) -> GGUFReader:
+        try:
+            return GGUFReader(self.path, "r")
+        except OSError as e:
+            raise BadFileError(f"cannot read: {e.strerror or e}", self.path) from None
+        except Exception as e:  # the prescan should catch everything; the reader is the second line of defence
+            raise BadFileError(f"not a valid GGUF: {e}", self.path) from None
 
     @property
     def arch(self) -> str:
@@ -240,11 +253,13 @@ class GGUFFile:
         return self.scan.alignment
 
     def has(self, name: str) -> bool:
-        return name in self.reader.fields
+        return name in self.scan.values
 
     def get(self, name: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(name)
-        return default if f is None else f.contents()
+        v = self.scan.values.get(name, default)
+        if not isinstance(v, ArrayValue):
+            return v
+        return self.reader.fields[name].contents()
 
     def arch_get(self, name: str, default: Any = None) -> Any:
         return self.get(key(self.arch, name), default)
@@ -262,21 +277,21 @@ class GGUFFile:
 
     def token_bytes(self) -> list[bytes] | None:
         """The vocabulary as raw bytes (comparing bytes needs no decoding), or None without one."""
-        f = self.reader.fields.get(gguf.Keys.Tokenizer.LIST)
-        if f is None:
+        if gguf.Keys.Tokenizer.LIST not in self.scan.values:
             return None
+        f = self.reader.fields[gguf.Keys.Tokenizer.LIST]
         return [bytes(f.parts[i]) for i in f.data]
 
     def n_vocab(self) -> int | None:
         emb = self.tensors.get("token_embd.weight")
         if emb is not None and len(emb.shape) >= 2:
             return emb.shape[1]
-        toks = self.reader.fields.get(gguf.Keys.Tokenizer.LIST)
-        return len(toks.data) if toks is not None else None
+        toks = self.scan.values.get(gguf.Keys.Tokenizer.LIST)
+        return toks.count if isinstance(toks, ArrayValue) else None
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Validate then read a GGUF file. Raises BadFileError with one line naming the file and the fault."""
+    """Validate a GGUF file against its size. Raises BadFileError with one line naming the file and the fault."""
     path = Path(path)
     if not path.exists():
         raise BadFileError("no such file", path)
@@ -284,15 +299,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise BadFileError("not a regular file", path)
     try:
         scan = prescan(path)
-        reader = GGUFReader(path, "r")
-    except BadFileError:
-        raise
     except OSError as e:
         raise BadFileError(f"cannot read: {e.strerror or e}", path) from None
-    except Exception as e:  # the prescan should catch everything; the reader is the second line of defence
-        raise BadFileError(f"not a valid GGUF: {e}", path) from None
-    tensors = {t.name: t for t in scan.tensors}
-    gf = GGUFFile(path, path.stat().st_size, reader, scan, tensors)
+    gf = GGUFFile(path, path.stat().st_size, scan)
     if not isinstance(gf.arch, str):
         raise BadFileError(f"general.architecture must be a string, not {gf.arch!r}", path)
     if gf.arch == "" and len(scan.tensors):

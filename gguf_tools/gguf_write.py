@@ -124,6 +124,7 @@ def write_gguf(plan: WritePlan, out: Path, progress: Progress | None = None) -> 
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, out.stat().st_mode & 0o7777 if durable else 0o666 & ~_umask())  # mkstemp makes it 0600
     try:
         _write(plan, tmp, progress, durable)
         prescan(tmp)  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
@@ -132,6 +133,12 @@ def write_gguf(plan: WritePlan, out: Path, progress: Progress | None = None) -> 
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _write(plan: WritePlan, tmp: Path, progress: Progress | None, durable: bool) -> None:

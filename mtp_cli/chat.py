@@ -11,21 +11,16 @@ class ChatTemplateError(Exception):
     """The model has no usable chat template."""
 
 
-def chat_prompt(gf: GGUFFile, user: str, system: str | None = None) -> str:
-    """The prompt text for one user turn, ending where the assistant's answer begins."""
+def chat_prompt(gf: GGUFFile, user: str, bos: str, eos: str, system: str | None = None) -> str:
+    """The prompt text for one user turn, ending where the assistant's answer begins.
+
+    `bos` / `eos` are the special tokens' texts (the template may spell them out)."""
     template = gf.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():
         raise ChatTemplateError(f"{gf.path}: no chat template (tokenizer.chat_template); drop --chat")
-    tokens = gf.get("tokenizer.ggml.tokens") or []
-
-    def special(key: str) -> str:
-        i = gf.get(key)
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
-
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     try:
-        fmt = Jinja2ChatFormatter(template, eos_token=special("tokenizer.ggml.eos_token_id"),
-                                  bos_token=special("tokenizer.ggml.bos_token_id"))
+        fmt = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
         return fmt(messages=messages).prompt
     except Exception as e:  # a template is code from the file: report its failure in one line
         raise ChatTemplateError(f"{gf.path}: the chat template failed to render: {e}") from None

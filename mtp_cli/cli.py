@@ -120,7 +120,7 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
                     top_p=opts["top_p"], min_p=opts["min_p"], seed=opts["seed"]).validated()
     with Runtime.load(model, cfg) as rt:
         if chat:
-            text = chat_prompt(open_gguf(model), text)
+            text = chat_prompt(open_gguf(model), text, *rt.special_texts())
         tokens = rt.tokenize(text, add_special=True, parse_special=chat)
         pieces: list[str] = []
         gen = rt.generate(tokens, cfg)

@@ -345,6 +345,11 @@ class Runtime:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return lx.detokenize(self._open_model(), list(tokens))
 
+    def special_texts(self) -> tuple[str, str]:
+        """The BOS and EOS tokens' texts ("" when the vocabulary has none), as chat templates spell them."""
+        m = self._open_model()
+        return tuple(lx.token_text(m, t).decode("utf-8", "replace") if t >= 0 else "" for t in lx.vocab_special(m))
+
     def is_eog(self, token: int) -> bool:
         return lx.is_eog(self._open_model(), token)
 
