@@ -85,3 +85,18 @@ def test_chat_template_is_applied(tiny):
     out = gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "4", "--chat")
     assert out["prompt"] != "hello" and "hello" in out["prompt"]
     assert out["stats"]["n_prompt"] > gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "4")["stats"]["n_prompt"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_adopted_trunk_with_head_slot_generates_like_plain(tmp_path, arch):
+    """adopt --with-head-slot, then generate --spec-type mtp: the same tokens as plain decoding."""
+    from gguf_tools.factory import TinySpec, write_tiny_model
+
+    src = write_tiny_model(tmp_path / "src.gguf", TinySpec(arch=arch, kind="trunk", dtype="q8_0", seed=3))
+    r = CliRunner().invoke(main, ["adopt", str(src), "-o", str(tmp_path / "a.gguf"), "--with-head-slot"])
+    assert r.exit_code == 0, r.output
+    plain = gen_json("-m", str(tmp_path / "a.gguf"), "-p", "hello world", "-n", "32")
+    for n in (1, 3):
+        mtp = gen_json("-m", str(tmp_path / "a.gguf"), "-p", "hello world", "-n", "32", "--spec-type", "mtp",
+                       "--spec-draft-n-max", str(n))
+        assert mtp["text"] == plain["text"] and mtp["stats"]["n_drafted"] > 0
