@@ -4,14 +4,15 @@
     python benchmarks/spec_bench.py --tiny glm4moe          # a tiny structured model built on the fly
 
 Greedy decoding over the same prompts for every setting; each cell is the median over repeats of
-the total tokens / total generation seconds across prompts. Prints a table and writes JSON.
+the total tokens / total generation seconds across prompts (settings interleaved repeat by repeat,
+mtp_cli.measure). Prints a table and writes JSON. (`mtp-cli bench` is the product's version:
+none, ngram, mtp N=1..4, auto and adaptive.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from dataclasses import replace
@@ -19,53 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtp_cli.runtime import GenConfig, GenStats, Runtime  # noqa: E402
-
-PROMPTS = [
-    "Write a short email to a colleague asking to move our meeting to Thursday.",
-    "Give me a simple recipe for pancakes.",
-    "Tell a short story about a lighthouse keeper.",
-    "How do I change a flat tire on a bicycle?",
-    "Explain why the sky is blue.",
-    "List five tips for better sleep.",
-]
-
-
-def run_setting(rt: Runtime, prompts: list[list[int]], cfg: GenConfig) -> dict:
-    """One pass over all prompts; totals pooled across them."""
-    total = GenStats(spec_type=cfg.spec_type)
-    for toks in prompts:
-        for _ in rt.generate(toks, cfg):
-            pass
-        s = rt.stats
-        total.n_tokens += s.n_tokens
-        total.t_gen += s.t_gen
-        total.n_verify += s.n_verify
-        total.n_drafted += s.n_drafted
-        total.n_accepted += s.n_accepted
-        total.t_target_decode += s.t_target_decode
-        total.t_draft_decode += s.t_draft_decode
-        if not total.drafted_at:
-            total.drafted_at, total.accepted_at = [0] * len(s.drafted_at), [0] * len(s.accepted_at)
-        for i in range(len(s.drafted_at)):
-            total.drafted_at[i] += s.drafted_at[i]
-            total.accepted_at[i] += s.accepted_at[i]
-    steps = max(total.n_verify, 1)
-    return {
-        "tokens_per_second": total.tokens_per_second, "tokens": total.n_tokens, "verify_passes": total.n_verify,
-        "acceptance": total.acceptance, "acceptance_by_pos": total.acceptance_by_pos,
-        "mean_accepted_per_pass": total.mean_accepted_per_pass, "tokens_per_pass": total.tokens_per_pass,
-        "target_decode_ms_per_step": 1e3 * total.t_target_decode / steps,
-        "draft_decode_ms_per_step": 1e3 * total.t_draft_decode / steps,
-        "python_overhead_ms_per_step": 1e3 * total.t_overhead / steps,
-    }
-
-
-def median_run(rt: Runtime, prompts: list[list[int]], cfg: GenConfig, repeats: int) -> dict:
-    runs = [run_setting(rt, prompts, cfg) for _ in range(repeats)]
-    best = sorted(runs, key=lambda r: r["tokens_per_second"])[len(runs) // 2]
-    best["tokens_per_second_runs"] = [r["tokens_per_second"] for r in runs]
-    return best
+from mtp_cli.measure import PROMPTS, Setting, interleaved, read_prompts, run_setting  # noqa: E402
+from mtp_cli.runtime import GenConfig, Runtime  # noqa: E402
 
 
 def tiny_model(arch: str, folder: Path) -> Path:
@@ -86,13 +42,14 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-ngram", action="store_true")
+    ap.add_argument("--adaptive", action="store_true", help="also an adaptive row (fresh controller per repeat)")
     ap.add_argument("--json", type=Path, default=Path("spec_bench.json"))
     args = ap.parse_args()
     if (args.model is None) == (args.tiny is None):
         ap.error("give -m MODEL or --tiny ARCH")
     tmp = tempfile.TemporaryDirectory(prefix="spec_bench.")
     model = args.model or tiny_model(args.tiny, Path(tmp.name))
-    texts = PROMPTS if args.prompts is None else [ln for ln in args.prompts.read_text().splitlines() if ln.strip()]
+    texts = PROMPTS if args.prompts is None else read_prompts(args.prompts)
     base = GenConfig(n_predict=args.n_predict, n_threads=args.threads, temp=0.0, n_ctx=2048)
     with Runtime(model, spec_type="mtp", draft_model=args.model_draft) as rt:
         if args.chat:
@@ -102,19 +59,26 @@ def main() -> None:
             gf = open_gguf(model)
             texts = [chat_prompt(gf, t, *rt.special_texts()) for t in texts]
         prompts = [rt.tokenize(t, parse_special=args.chat) for t in texts]
-        settings = [("none", replace(base, spec_type="none"))]
-        settings += [(f"mtp N={n}", replace(base, spec_type="mtp", draft_n_max=n)) for n in range(1, args.n_max + 1)]
+        settings = [Setting("none", replace(base, spec_type="none"))]
+        settings += [Setting(f"mtp N={n}", replace(base, spec_type="mtp", draft_n_max=n))
+                     for n in range(1, args.n_max + 1)]
         if not args.no_ngram:
-            settings.append(("ngram N=3", replace(base, spec_type="ngram", draft_n_max=3)))
-        run_setting(rt, prompts[:1], settings[0][1])  # warm-up: first-touch page faults, thread start
-        rows = {}
+            settings.append(Setting("ngram N=3", replace(base, spec_type="ngram", draft_n_max=3)))
+        if args.adaptive:
+            from mtp_cli.adaptive import AdaptiveController
+
+            settings.append(Setting("adaptive", replace(base, spec_type="mtp", draft_n_max="adaptive"),
+                                    AdaptiveController))
+        run_setting(rt, prompts[:1], settings[0].config)  # warm-up: first-touch page faults, thread start
+        results = interleaved(rt, prompts, settings, args.repeats)
+        rows = {name: r.to_dict() for name, r in results.items()}
         print(f"{'setting':12}{'tok/s':>9}{'x none':>8}{'accept':>8}{'acc/pass':>9}{'tok/pass':>9}"
               f"{'tgt ms':>8}{'dft ms':>8}{'py ms':>7}  acceptance by position")
-        for name, cfg in settings:
-            r = rows[name] = median_run(rt, prompts, cfg, args.repeats)
+        for s in settings:
+            r = rows[s.name]
             ratio = r["tokens_per_second"] / rows["none"]["tokens_per_second"]
             by_pos = " ".join(f"{a:.2f}" for a in r["acceptance_by_pos"])
-            print(f"{name:12}{r['tokens_per_second']:9.1f}{ratio:8.2f}{r['acceptance']:8.2f}"
+            print(f"{s.name:12}{r['tokens_per_second']:9.1f}{ratio:8.2f}{r['acceptance']:8.2f}"
                   f"{r['mean_accepted_per_pass']:9.2f}{r['tokens_per_pass']:9.2f}{r['target_decode_ms_per_step']:8.2f}"
                   f"{r['draft_decode_ms_per_step']:8.2f}{r['python_overhead_ms_per_step']:7.3f}  {by_pos}", flush=True)
     out = {"model": str(args.model or f"tiny {args.tiny}"), "threads": args.threads, "n_predict": args.n_predict,

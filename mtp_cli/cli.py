@@ -82,6 +82,21 @@ def _written(res: ops.WriteResult) -> None:
 SPEC_CHOICES = ["none", "mtp", "draft-mtp", "draft", "ngram"]
 
 
+class DraftNMax(click.ParamType):
+    """--spec-draft-n-max: a number, "auto" (the tuned profile) or "adaptive"."""
+
+    name = "N|auto|adaptive"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        v = str(value).strip().lower()
+        try:
+            return int(v)
+        except ValueError:
+            return v  # "auto", "adaptive", or refused in one line by GenConfig.validated
+
+
 @main.command()
 @click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path), help="Target GGUF.")
 @click.option("-p", "--prompt", help="Prompt text.")
@@ -98,9 +113,12 @@ SPEC_CHOICES = ["none", "mtp", "draft-mtp", "draft", "ngram"]
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("-md", "--model-draft", type=click.Path(path_type=Path),
               help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
-@click.option("--spec-type", type=click.Choice(SPEC_CHOICES), default="none", show_default=True,
-              help="Drafter: mtp (the model's head or -md sidecar), draft (-md model), ngram (prompt lookup).")
-@click.option("--spec-draft-n-max", default=3, show_default=True, help="Most tokens drafted per step.")
+@click.option("--spec-type", type=click.Choice(SPEC_CHOICES), default=None,
+              help="Drafter: mtp (the model's head or -md sidecar), draft (-md model), ngram (prompt lookup). "
+                   "[default: none; mtp with --spec-draft-n-max auto/adaptive]")
+@click.option("--spec-draft-n-max", type=DraftNMax(), default=3, show_default=True,
+              help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
+                   "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance and costs.")
 @click.option("--spec-draft-n-min", default=0, show_default=True, help="Drafts shorter than this are not verified.")
 @click.option("--spec-draft-p-min", default=0.0, show_default=True, help="Stop drafting below this probability.")
 @click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
@@ -112,8 +130,9 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
     from mtp_cli.runtime import GenConfig, Runtime
 
     text = _read_prompt(prompt, prompt_file)
+    spec = opts["spec_type"] or ("mtp" if isinstance(opts["spec_draft_n_max"], str) else "none")
     cfg = GenConfig(n_predict=opts["n_predict"], n_ctx=opts["ctx_size"], n_threads=opts["threads"],
-                    n_gpu_layers=opts["n_gpu_layers"], spec_type=opts["spec_type"],
+                    n_gpu_layers=opts["n_gpu_layers"], spec_type=spec,
                     draft_model=str(opts["model_draft"]) if opts["model_draft"] else None,
                     draft_n_max=opts["spec_draft_n_max"], draft_n_min=opts["spec_draft_n_min"],
                     draft_p_min=opts["spec_draft_p_min"], temp=opts["temp"], top_k=opts["top_k"],
@@ -124,6 +143,8 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
         tokens = rt.tokenize(text, add_special=True, parse_special=chat)
         pieces: list[str] = []
         gen = rt.generate(tokens, cfg)
+        if rt.note:
+            err.print(f"[dim]note: {escape(rt.note)}[/]", highlight=False)
         try:
             for ev in gen:
                 pieces.append(ev.text)
@@ -135,11 +156,17 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
         finally:
             gen.close()
         stats = rt.stats
+        ctl = rt.controller if isinstance(cfg.draft_n_max, str) else None
     if as_json:
-        click.echo(json.dumps({"prompt": text, "text": "".join(pieces), "stats": stats.to_dict()}, indent=2))
+        doc = {"prompt": text, "text": "".join(pieces), "stats": stats.to_dict()}
+        if ctl is not None:
+            doc["adaptive"] = ctl.summary()
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo("")
         _render_stats(stats)
+        if ctl is not None:
+            err.print(f"[dim]{escape(ctl.describe())}[/]", highlight=False)
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -168,6 +195,145 @@ def _render_stats(s) -> None:
         err.print(f"[dim]{s.spec_type}: {s.n_verify} verify passes, {s.tokens_per_pass:.2f} tokens/pass, "
                   f"acceptance {s.acceptance:.1%} ({s.n_accepted}/{s.n_drafted}), "
                   f"{s.mean_accepted_per_pass:.2f} accepted/pass, by position: {by_pos}[/]", highlight=False)
+
+
+def _prompt_texts(prompts: Path | None) -> list[str] | None:
+    from mtp_cli.measure import read_prompts
+
+    return read_prompts(prompts) if prompts is not None else None
+
+
+@main.command()
+@click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path), help="Target GGUF (with an MTP head).")
+@click.option("-md", "--model-draft", type=click.Path(path_type=Path), help="MTP sidecar.")
+@click.option("--prompts", type=click.Path(path_type=Path), help="Prompts, one per line [default: built-in].")
+@click.option("--budget", type=float, default=60.0, show_default=True, help="Seconds to spend measuring.")
+@click.option("--n-max", type=int, default=8, show_default=True, help="Largest draft length tried.")
+@click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: up to 4).")
+@click.option("-ngl", "--n-gpu-layers", default=-1, show_default=True, help="Layers on the GPU (-1: all).")
+@click.option("--no-save", is_flag=True, help="Measure and report only; do not save the profile.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def tune(model: Path, model_draft: Path | None, prompts: Path | None, budget: float, n_max: int, threads: int | None,
+         n_gpu_layers: int, no_save: bool, as_json: bool) -> None:
+    """Find the fastest draft setting for MODEL on this machine (possibly: off) and save it as the
+    profile `--spec-draft-n-max auto` uses. Also shows the machine's cost model: why MTP pays here, or not."""
+    from rich.live import Live
+
+    from mtp_cli.tune import tune as run_tune
+
+    texts = _prompt_texts(prompts)
+    with Live(console=err, refresh_per_second=8, transient=True) as live:
+        def progress(ev) -> None:
+            live.update(_tune_table(ev.result, ev.message))
+
+        res = run_tune(model, model_draft, prompts=texts, budget=budget, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                       n_max=n_max, progress=progress, save=not no_save)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    out.print(_tune_table(res, f"done in {res.elapsed:.0f} s ({res.rungs} rungs)"))
+    out.print(_tune_bars(res))
+    if res.cost is not None:
+        out.print(_cost_table(res))
+    best = res.best
+    verdict = ("off: plain decoding is fastest here" if best.spec_type == "none" else
+               f"{best.name}: {best.ratio:.2f}x plain decoding")
+    out.print(f"[bold]best:[/] {verdict}")
+    if res.profile_path is not None:
+        out.print(f"saved profile {res.profile.key} to {res.profile_path}; use it with "
+                  f"`mtp-cli generate -m {model} --spec-draft-n-max auto`", highlight=False)
+
+
+def _tune_table(res, caption: str) -> Table:
+    t = Table("setting", "status", "predicted", "tok/s", "x off", "accept", "repeats", box=None, header_style="bold",
+              caption=f"{caption}  [{res.elapsed:.0f}/{res.budget:.0f} s]", caption_justify="left")
+    for c in res.candidates:
+        tps = c.tokens_per_second
+        style = "bold green" if c.status == "best" else ("dim" if c.status in ("pruned", "dropped") else None)
+        t.add_row(c.name, c.status, "-" if c.predicted is None else f"{c.predicted:.2f}x",
+                  "-" if tps is None else f"{tps:.1f}", "-" if c.ratio is None else f"{c.ratio:.2f}",
+                  "-" if c.acceptance is None else f"{c.acceptance:.0%}",
+                  " ".join(f"{x:.0f}" for x in c.runs) or "-", style=style)
+    return t
+
+
+def _tune_bars(res) -> Table:
+    from rich.bar import Bar
+
+    measured = sorted((c for c in res.candidates if c.tokens_per_second), key=lambda c: -c.tokens_per_second)
+    top = measured[0].tokens_per_second if measured else 1.0
+    t = Table("setting", "tokens/s (last rung measured)", "", "x off", box=None, header_style="bold",
+              title="tokens per second by setting", title_justify="left")
+    for c in measured:
+        t.add_row(c.name, Bar(top, 0, c.tokens_per_second, width=40, color="green" if c.status == "best" else "blue"),
+                  f"{c.tokens_per_second:.1f}", "-" if c.ratio is None else f"{c.ratio:.2f}",
+                  style="bold" if c.status == "best" else None)
+    return t
+
+
+def _cost_table(res) -> Table:
+    cm = res.cost
+    acc = res.acceptance_by_pos
+    t = Table("N", "v(N)", "drafts", "o(N)", "needs tok/step", "needs alpha", "predicted", box=None,
+              header_style="bold", title_justify="left",
+              title=(f"cost model: T = {cm.t_ms:.3g} ms per plain token (llama_decode); one head row c = "
+                     f"{cm.draft:.2f} T; plain decoding's overhead {cm.overhead_plain:.2f} T"),
+              caption=("a step at N costs v(N) (verify N+1 tokens) + drafts (c(E) + (N-1) c: the first head decode "
+                       "carries the E-1 tokens accepted last step) + o(N) (Python); MTP pays when tokens per step "
+                       "E exceed that / (1 + plain overhead). 'needs alpha': the same for i.i.d. per-token "
+                       "acceptance (-: not even at 100%). 'predicted': the speed ratio with the acceptance measured "
+                       f"at N={cm.n_max} ({' '.join(f'{a:.2f}' for a in acc[:8])})"),
+              caption_justify="left")
+    for n in range(1, cm.n_max + 1):
+        a = cm.break_even_alpha(n)
+        e = cm.break_even_tokens(n)
+        t.add_row(str(n), f"{cm.verify[n]:.2f}", f"{cm.draft_cost(n, min(e, n + 1.0)):.2f}", f"{cm.overhead_at(n):.2f}",
+                  f"{e:.2f}", "-" if a is None else f"{a:.2f}", f"{cm.ratio(n, acc):.2f}x")
+    return t
+
+
+@main.command()
+@click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path), help="Target GGUF.")
+@click.option("-md", "--model-draft", type=click.Path(path_type=Path), help="MTP sidecar.")
+@click.option("--prompts", type=click.Path(path_type=Path), help="Prompts, one per line [default: built-in].")
+@click.option("-n", "--n-predict", default=64, show_default=True, help="Tokens generated per prompt.")
+@click.option("--repeats", default=3, show_default=True, help="Repeats per setting (the median is shown).")
+@click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: up to 4).")
+@click.option("-ngl", "--n-gpu-layers", default=-1, show_default=True, help="Layers on the GPU (-1: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def bench(model: Path, model_draft: Path | None, prompts: Path | None, n_predict: int, repeats: int,
+          threads: int | None, n_gpu_layers: int, as_json: bool) -> None:
+    """none, ngram, mtp at N = 1..4, auto and adaptive side by side: same prompts, greedy, medians of repeats."""
+    from mtp_cli.bench import bench as run_bench
+
+    if n_predict < 1 or repeats < 1:
+        raise UserError("-n and --repeats must be at least 1")
+    texts = _prompt_texts(prompts)
+    with Progress(TextColumn("[bold]bench"), BarColumn(), TextColumn("{task.description}"), console=err,
+                  transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def progress(ev) -> None:
+            bar.update(task, completed=ev.done, total=ev.total, description=ev.message)
+
+        res = run_bench(model, model_draft, prompts=texts, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                        n_predict=n_predict, repeats=repeats, progress=progress)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    t = Table("setting", "tok/s", "x none", "accept", "tok/pass", "spread", "", box=None, header_style="bold",
+              caption=f"{res.prompts} prompts x {res.n_predict} tokens, greedy, median of {res.repeats}",
+              caption_justify="left")
+    for r in res.rows:
+        if r.result is None:
+            t.add_row(r.name, "-", "-", "-", "-", "-", r.detail, style="dim")
+            continue
+        s = r.result.stats
+        drafting = s.spec_type != "none" and s.n_drafted
+        t.add_row(r.name, f"{s.tokens_per_second:.1f}", f"{r.ratio:.2f}" if r.ratio else "-",
+                  f"{s.acceptance:.0%}" if drafting else "-", f"{s.tokens_per_pass:.2f}",
+                  f"{r.result.spread:.1%}", r.detail)
+    out.print(t)
 
 
 @main.command()
@@ -248,3 +414,65 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
     with byte_progress("adopting") as cb:
         res = ops.adopt(file, out, with_head_slot, overwrite, cb)
     _written(res)
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@_out_option
+@click.option("--text", "texts", multiple=True, type=click.Path(path_type=Path),
+              help="Text file for teacher-forced passes (repeatable; documents split at two blank lines).")
+@click.option("--prompts", type=click.Path(path_type=Path),
+              help="Prompts, one per line, answered greedily by the trunk (chat template applied when the model has one).")
+@click.option("--minutes", type=float, default=10.0, show_default=True, help="Training time (after data collection).")
+@click.option("--head-type", type=click.Choice(["f16", "q8_0"]), default="f16", show_default=True,
+              help="Type of the head block's matrices in OUT.")
+@click.option("--sidecar", is_flag=True, help="Write OUT as an MTP-only sidecar (use it with -md) instead of trunk + head.")
+@click.option("-s", "--seed", type=int, default=0, show_default=True)
+@click.option("-t", "--threads", type=int, default=1, show_default=True)
+@click.option("--max-prompts", type=int, default=None, help="Use at most this many prompts.")
+@click.option("--init", type=click.Choice(["random", "trunk", "slot"]), default="random", show_default=True,
+              help="Start from random weights, the trunk's last block, or the file's head slot.")
+@click.option("--work", type=click.Path(path_type=Path), default=None,
+              help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
+def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
+          head_type: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
+          work: Path | None) -> None:
+    """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
+
+    MODEL: a glm4moe trunk (adopted or native, with or without a head slot), or a llama / qwen2 /
+    qwen3 GGUF, adopted on the fly (OUT is then the adopted model plus the head). Data: the trunk's
+    own greedy answers to --prompts and teacher-forced passes over --text (built-in prompts and text
+    when neither is given), collected through llama.cpp. Held-out top-1 agreement with the trunk is
+    shown while training."""
+    from rich.progress import TimeElapsedColumn
+
+    from mtp_cli.train.pipeline import TrainJob, run_train
+
+    job = TrainJob(model=model, out=out, texts=texts, prompts=prompts, minutes=minutes, head_type=head_type,
+                   sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts, n_threads=threads,
+                   overwrite=overwrite)
+    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_collect(p) -> None:
+            if "collect" not in tasks:
+                tasks["collect"] = bar.add_task("collecting", total=p.total, info="")
+            bar.update(tasks["collect"], completed=p.done, total=p.total,
+                       info=f"{p.rows} rows, trunk {p.tokens_per_s:.0f} tok/s, answers {p.gen_tokens_per_s:.0f} tok/s")
+
+        def on_train(p) -> None:
+            if "train" not in tasks:
+                tasks["train"] = bar.add_task("training", total=p.budget_s, info="")
+            bar.update(tasks["train"], completed=p.budget_s if p.final else p.elapsed_s,
+                       info=f"step {p.step}, loss {p.loss:.3f}, held-out top-1 {pct(p.heldout_top1)}"
+                            f" (step 2 {pct(p.heldout_top1_step2)}), {p.steps_per_s:.2f} steps/s")
+
+        res = run_train(job, on_stage=lambda s: err.print(f"[bold]{s}[/]") if s == "export" else None,
+                        on_collect=on_collect, on_train=on_train)
+    r = res.train
+    err.print(f"held-out top-1 agreement with the trunk: step 1 {r.initial[0]:.1%} -> {r.final[0]:.1%}, "
+              f"step 2 {r.initial[1]:.1%} -> {r.final[1]:.1%} ({r.steps} steps, {r.steps_per_s:.2f} steps/s)")
+    err.print(f"wrote {res.out} ({res.out.stat().st_size / 1e6:.1f} MB)"
+              + (f"; use it with: mtp-cli generate -m {res.trunk} -md {res.out} --spec-type mtp" if sidecar else ""))

@@ -8,6 +8,10 @@ One small interface (`Drafter`), driven by the verify loop in runtime.py:
                                       and is not yet in the target's memory); n_max may be 0
     accept(n_accepted, drafts)        the target kept drafts[:n_accepted] (+ its own token,
                                       which comes back as the next id_last); roll back the rest
+    restart(pos)                      (drafters with can_sleep) resume after the runtime skipped
+                                      draft()/accept() for some steps (drafting switched off by an
+                                      adaptive controller); the target holds 0..pos-1 and its last
+                                      decode was one plain token at pos-1
 
 Positions: the target holds 0..pos-1 when draft() is called; id_last is at pos, draft i (0-based)
 at pos+1+i.
@@ -53,6 +57,9 @@ class Drafter:
     name = "none"
     #: a hard cap on the draft length from the drafter itself (chained heads: one per head)
     n_max_limit: Optional[int] = None
+    #: True if steps may be skipped (restart() resumes): MTP heads, whose input is mostly the
+    #: target's h row; not n-gram or draft-model drafters, which need every token of the history
+    can_sleep: bool = False
 
     def __init__(self) -> None:
         self.t_decode = 0.0  # seconds inside llama_decode (draft context)
@@ -68,6 +75,9 @@ class Drafter:
         return []
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
+        pass
+
+    def restart(self, pos: int) -> None:
         pass
 
     def close(self) -> None:
@@ -229,6 +239,7 @@ class MtpDrafter(Drafter):
     """The model's MTP head(s) in an MTP context paired with the target context."""
 
     name = "mtp"
+    can_sleep = True
 
     def __init__(self, head_model: lx.ModelPtr, target_ctx: lx.ContextPtr, *, n_ctx: int, n_batch: int,
                  n_threads: Optional[int], n_vocab_target: int, p_min: float = 0.0):
@@ -382,6 +393,18 @@ class MtpDrafter(Drafter):
         lx.memory_seq_rm(self.ctx, 0, pos, -1)
         self.batch.add(id_last, pos, h=self.pending_h)
         return out
+
+    def restart(self, pos: int) -> None:
+        """Resume cold after skipped steps: the head's own memory starts over at `pos` (no history
+        before it: the head then drafts from the target's h rows and what it sees from now on);
+        the first draft row pairs with the target's h row of pos-1 (its last, one-token decode)."""
+        if self.chain:
+            lx.set_nextn_layer_offset(self.ctx, 0)
+        if not self.mem_shared:
+            lx.memory_clear(self.ctx, data=False)
+        self.batch.clear()
+        self._n_extra = 0
+        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         pos = self._pos

@@ -176,7 +176,7 @@ def create_context(
     params.n_batch = min(int(n_batch), int(n_ctx)) if n_ctx else int(n_batch)
     params.n_ubatch = min(int(n_ubatch), params.n_batch) if n_ubatch else params.n_batch
     params.n_seq_max = int(n_seq_max)
-    threads = n_threads if n_threads is not None else max(1, min(os.cpu_count() or 1, 4))
+    threads = n_threads if n_threads is not None else default_threads()
     params.n_threads = int(threads)
     params.n_threads_batch = int(n_threads_batch if n_threads_batch is not None else threads)
     params.ctx_type = int(ctx_type)
@@ -401,10 +401,11 @@ def memory_seq_rm(ctx: ContextPtr, seq_id: int, p0: int, p1: int = -1) -> bool:
     return bool(_C.llama_memory_seq_rm(_C.llama_get_memory(ctx), int(seq_id), int(p0), int(p1)))
 
 
-def memory_clear(ctx: ContextPtr) -> None:
+def memory_clear(ctx: ContextPtr, data: bool = True) -> None:
     """Drop every sequence (KV cells and recurrent states). Note: llama_memory_seq_rm with
-    seq_id=-1 is refused by recurrent/hybrid memory (qwen35); use this or a concrete seq id."""
-    _C.llama_memory_clear(_C.llama_get_memory(ctx), True)
+    seq_id=-1 is refused by recurrent/hybrid memory (qwen35); use this or a concrete seq id.
+    data=False only marks the cells free (no zeroing of the buffers: cheaper)."""
+    _C.llama_memory_clear(_C.llama_get_memory(ctx), bool(data))
 
 
 def n_ctx(ctx: ContextPtr) -> int:
@@ -424,6 +425,20 @@ def model_has_recurrent_state(model: ModelPtr) -> bool:
 
 def model_n_ctx_train(model: ModelPtr) -> int:
     return int(_C.llama_model_n_ctx_train(model))
+
+
+def default_threads() -> int:
+    """The thread count create_context uses when n_threads is None."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def supports_gpu_offload() -> bool:
+    return bool(_C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    """llama.cpp's build/CPU feature line (e.g. "CPU : AVX2 = 1 | ...")."""
+    return bytes(_C.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,6 +596,7 @@ __all__ = [
     "get_embeddings_nextn_ith", "set_nextn_layer_offset", "get_ctx_other", "decode", "logits_ith",
     "memory_seq_rm", "memory_clear", "tokenize", "detokenize",
     "logits_rows", "memory_seq_pos_max", "n_ctx", "n_batch", "model_has_recurrent_state", "model_n_ctx_train",
+    "default_threads", "supports_gpu_offload", "system_info",
     "STATE_PARTIAL_ONLY", "SeqCheckpoint", "is_eog", "vocab_type", "vocab_special", "token_text", "PieceDecoder",
     "SamplerPtr", "DEFAULT_SEED", "sampler_chain", "sampler_sample", "sampler_reset", "sampler_free",
 ]

@@ -47,6 +47,7 @@ SPEC_TYPES: tuple[str, ...] = ("none", "mtp", "draft", "ngram")
 _SPEC_ALIASES = {"none": "none", "mtp": "mtp", "draft-mtp": "mtp", "draft": "draft", "draft-simple": "draft",
                  "ngram": "ngram", "ngram-simple": "ngram"}
 DRAFT_N_MAX_LIMIT = 32
+DRAFT_N_MODES = ("auto", "adaptive")  # --spec-draft-n-max besides a number
 StopReason = Literal["eog", "n_predict", "ctx_full", "interrupted", "error"]
 
 _now = time.perf_counter
@@ -93,7 +94,7 @@ class GenConfig:
     n_gpu_layers: int = -1  # -ngl: -1 = all (ignored by CPU builds)
     spec_type: str = "none"  # none | mtp (draft-mtp) | draft | ngram
     draft_model: Optional[str] = None  # -md: draft GGUF (draft) or MTP sidecar (mtp); read by Runtime.load only
-    draft_n_max: int = 3  # --spec-draft-n-max
+    draft_n_max: int | str = 3  # --spec-draft-n-max; or "auto" (tuned profile) / "adaptive" (mtp_cli.adaptive)
     draft_n_min: int = 0  # --spec-draft-n-min: drafts shorter than this are discarded
     draft_p_min: float = 0.0  # --spec-draft-p-min: stop drafting below this top probability
     ngram_min: int = 2  # prompt lookup: shortest n-gram to match
@@ -117,10 +118,13 @@ class GenConfig:
             raise ConfigValueError(f"n_batch must be >= 1, got {self.n_batch}")
         if self.n_threads is not None and self.n_threads < 1:
             raise ConfigValueError(f"n_threads must be >= 1, got {self.n_threads}")
+        n_mode = self.draft_n_max.strip().lower() if isinstance(self.draft_n_max, str) else None
+        if n_mode is not None and n_mode not in DRAFT_N_MODES:
+            raise ConfigValueError(f"--spec-draft-n-max must be a number, auto or adaptive, got {self.draft_n_max!r}")
         if spec != "none":
-            if not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
+            if n_mode is None and not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
                 raise ConfigValueError(f"--spec-draft-n-max must be in 1..{DRAFT_N_MAX_LIMIT}, got {self.draft_n_max}")
-            if not 0 <= self.draft_n_min <= self.draft_n_max:
+            if not 0 <= self.draft_n_min <= (DRAFT_N_MAX_LIMIT if n_mode else self.draft_n_max):
                 raise ConfigValueError(f"--spec-draft-n-min must be in 0..{self.draft_n_max} (n-max), got {self.draft_n_min}")
             if not 0.0 <= self.draft_p_min <= 1.0:
                 raise ConfigValueError(f"--spec-draft-p-min must be in [0, 1], got {self.draft_p_min}")
@@ -133,7 +137,7 @@ class GenConfig:
                 raise ConfigValueError(f"--top-p must be in (0, 1], got {self.top_p}")
             if not 0.0 <= self.min_p <= 1.0:
                 raise ConfigValueError(f"--min-p must be in [0, 1], got {self.min_p}")
-        return replace(self, spec_type=spec)
+        return replace(self, spec_type=spec, draft_n_max=n_mode or self.draft_n_max)
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,10 @@ class Runtime:
         self._owned: list[lx.ModelPtr] = []
         self._ctx: Optional[_Contexts] = None
         self.stats: Optional[GenStats] = None
+        self.note: Optional[str] = None  # one line about how "auto" was resolved (no tuned profile...)
+        self.controller: Any = None  # the AdaptiveController of the last adaptive generation
+        self._controllers: dict[str, Any] = {}  # "adaptive" keeps one per spec type across generations
+        self._profile_keys: dict[tuple, str] = {}
 
         gf = _check_file(self.model_path, "model")
         lay = gf.layout()
@@ -353,6 +361,16 @@ class Runtime:
     def is_eog(self, token: int) -> bool:
         return lx.is_eog(self._open_model(), token)
 
+    def profile_key(self, cfg: GenConfig) -> str:
+        """The key of this model's tuned profile (mtp_cli.profiles) for cfg's threads and -ngl."""
+        from mtp_cli import profiles
+
+        k = (cfg.n_threads, cfg.n_gpu_layers)
+        if k not in self._profile_keys:
+            self._profile_keys[k] = profiles.identify(self.model_path, self.draft_path, n_threads=cfg.n_threads,
+                                                      n_gpu_layers=cfg.n_gpu_layers).key
+        return self._profile_keys[k]
+
     @property
     def n_heads(self) -> int:
         return lx.n_layer_nextn(self.head_model) if self.head_model is not None else 0
@@ -415,12 +433,23 @@ class Runtime:
 
     # -- generation --------------------------------------------------------------------------------
 
-    def generate(self, prompt_tokens: Sequence[int], config: GenConfig) -> Iterator[TokenEvent]:
+    def generate(self, prompt_tokens: Sequence[int], config: GenConfig, *, controller: Any = None) -> Iterator[TokenEvent]:
         """Validate, then return a generator of TokenEvents. Statistics: `self.stats` (live, final
         once the generator ends; also the generator's return value). A KeyboardInterrupt while
         generating ends the generator normally with stop_reason "interrupted"; closing the
-        generator early (break) also records "interrupted"."""
+        generator early (break) also records "interrupted".
+        draft_n_max "auto" / "adaptive" (mtp_cli.adaptive.resolve): the tuned profile, else an
+        AdaptiveController (`controller`, or one kept per spec type) choosing N per step;
+        `self.note` says when there was no profile."""
         cfg = config.validated()
+        self.note = None
+        ctl = None
+        if isinstance(cfg.draft_n_max, str):
+            from mtp_cli.adaptive import resolve
+
+            res = resolve(self, cfg, controller)
+            cfg, ctl, self.note = res.config, res.controller, res.note
+            self.controller = ctl
         spec = cfg.spec_type
         self._open_model()
         if spec == "mtp" and self.head_model is None:
@@ -448,13 +477,13 @@ class Runtime:
         stats = GenStats(spec_type=spec, n_max=n_max, n_prompt=len(prompt),
                          drafted_at=[0] * n_max, accepted_at=[0] * n_max)
         self.stats = stats
-        return self._run(prompt, cfg, ctxs.target, d, ctxs.n_ctx, stats)
+        return self._run(prompt, cfg, ctxs.target, d, ctxs.n_ctx, stats, ctl)
 
     # the acceptance rule for sampled decoding (a method so tests can show a biased rule is caught)
     _verify_sampled = staticmethod(verify_sampled)
 
     def _run(self, prompt: list[int], cfg: GenConfig, tgt: lx.ContextPtr, drafter: Drafter, n_ctx: int,
-             stats: GenStats) -> Generator[TokenEvent, None, GenStats]:
+             stats: GenStats, ctl: Any = None) -> Generator[TokenEvent, None, GenStats]:
         V = self.n_vocab
         n_max, n_min = stats.n_max, cfg.draft_n_min
         n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
@@ -496,6 +525,16 @@ class Runtime:
             t_consumer += _now() - t
             emitted = 1
             step = 0
+            # an adaptive controller picks N per step; while it has drafting off, a drafter that can
+            # resume cold is not called at all (plain decoding's cost) and restarts when N > 0 again
+            use_drafter = n_max > 0
+            sleepy = ctl is not None and drafter.can_sleep
+            asleep = False
+            k = a = -1
+            quiet = 0
+            shadow = None
+            if ctl is not None:
+                ctl.begin(t_consumer)
             # ---- speculative steps --------------------------------------------------------------
             while True:
                 if emitted >= n_predict:
@@ -505,8 +544,23 @@ class Runtime:
                 if room <= 0:
                     stats.stop_reason = "ctx_full"
                     break
+                if ctl is not None:
+                    if quiet:  # drafting is off until the controller's next decision
+                        quiet -= 1
+                    else:
+                        n_max = ctl.step(k, a, t_consumer)
+                        quiet = ctl.quiet
                 k_max = min(n_max, room - 1, n_predict - emitted - 1)
-                drafts = drafter.draft(id_last, n_past, k_max) if n_max else []
+                if sleepy and ctl.sleep and k_max <= 0:
+                    asleep = True
+                    drafts = []
+                else:
+                    if asleep:
+                        drafter.restart(n_past)
+                        asleep = False
+                    drafts = drafter.draft(id_last, n_past, k_max) if use_drafter else []
+                    if ctl is not None and ctl.shadow:  # drafted, not verified: only compared with the target's token
+                        shadow, drafts = drafts, []
                 if len(drafts) < n_min:  # llama.cpp: drafts shorter than n_min are discarded
                     drafts = []
                 k = len(drafts)
@@ -531,7 +585,12 @@ class Runtime:
                     if a < k and not lx.memory_seq_rm(tgt, 0, n_past + a + 1, -1):
                         raise lx.LlamaError(f"the target context refused to roll back {k - a} positions "
                                             f"(n_rs_seq {lx.n_rs_seq(tgt)})")
-                drafter.accept(a, drafts)
+                if shadow is not None:
+                    if shadow:
+                        ctl.shadow_result(shadow[0] == nxt)
+                    shadow = None
+                if not asleep:
+                    drafter.accept(a, drafts)
                 n_past += a + 1
                 id_last = nxt
                 # ---- emit drafts[:a] + [nxt], stopping at EOG / n_predict ---------------------------

@@ -1,0 +1,368 @@
+"""Choosing the draft length N while generating, and `--spec-draft-n-max auto`.
+
+AdaptiveController: the verify loop calls `step(k, a, t_consumer)` once per step (k = tokens drafted
+by the previous step, a = accepted) and drafts at most the N it returns. Per step that is three
+list increments and a counter; every few steps (`_decide`) the controller folds what it saw into
+running estimates and picks N:
+
+- cost[N]: seconds per step at N (wall time of the steps, minus the time the consumer held the
+  generator), a decayed average (per-step decay GAMMA_COST) over windows of steps at that N;
+- acc[i]: P(the first i+1 draft tokens are all accepted | drafted), decayed counts (GAMMA_ACC),
+  with no data at i continued geometrically from i-1 (i.i.d. acceptance) and a pessimistic prior
+  of 0 at position 0: drafting is switched on by evidence only;
+- E(N) = 1 + sum_{i<N} acc[i] tokens per step, throughput(N) = E(N) / cost[N].
+
+N is the measured setting with the highest throughput; N = 0 (plain decoding) when drafting would
+lose. Then `sleep` is set: the runtime stops calling a drafter that can resume cold (the MTP
+drafter restarts its context at the current position), so an off controller costs plain decoding
+plus a counter. Exploration is by single-step probes, at most one per `gap` steps (GAP_MIN doubling
+to GAP_MAX while probes change nothing). While off and the head's first-token hit rate is low or
+unknown, a probe is a shadow step: the head drafts one token that is not verified (the target decodes one token as
+usual) and only compared with the target's token: acceptance evidence for the price of one head
+decode. Otherwise a probe runs the cheapest N whose optimistic throughput -- acceptance
+upper bounds (A+1)/(D+1), which grow back as evidence decays (continued geometrically past the
+positions with evidence), and for an unmeasured N a cost extrapolated at half the measured slope --
+beats the current best, climbing at most one past the largest N measured so far. So a useless head costs one
+probe per few hundred steps, a machine where drafting cannot pay at any acceptance (cost[1] >
+2 cost[0], and so on) stops probing, and a head that becomes useful is found again.
+
+`resolve(rt, cfg, controller)` turns "auto" / "adaptive" into a concrete config (+ controller).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mtp_cli.runtime import GenConfig, Runtime
+
+_now = time.perf_counter
+
+ADAPTIVE_N_MAX = 8  # upper bound of N for "adaptive" (and "auto" without a profile)
+GAMMA_ACC = 0.99  # per step: acceptance evidence halves in ~69 steps
+GAMMA_COST = 0.998  # per step: cost evidence halves in ~350 steps
+WINDOW_ON = 8  # steps between decisions while drafting
+WINDOW_OFF = 64  # steps between decisions while off and no probe is worth it
+WINDOW_START = 4
+GAP_MIN, GAP_MAX = 8, 512  # steps between probes
+SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the measured slope
+MIN_WEIGHT = 0.5  # cost evidence (decayed steps) below which a setting counts as unmeasured
+SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below this (or unknown), probes are shadow steps
+PROBE_MARGIN = 1.02
+
+
+class AdaptiveController:
+    """Per-step choice of N in 0..n_max (see the module docstring).
+
+    costs: relative step costs by N (costs[0] = plain decoding). With measure=False they replace
+    measurement entirely (deterministic decisions, for tests and what-if studies); with
+    measure=True they only shape the cost of settings not yet measured (e.g. a tuned cost model).
+    """
+
+    def __init__(self, n_max: int = ADAPTIVE_N_MAX, *, costs: Optional[Sequence[float]] = None,
+                 measure: bool = True, start: int = 0):
+        if n_max < 1:
+            raise ValueError("n_max must be >= 1")
+        if costs is not None and len(costs) < n_max + 1:
+            raise ValueError(f"costs needs {n_max + 1} entries (N = 0..{n_max})")
+        if not measure and costs is None:
+            raise ValueError("measure=False needs costs")
+        self.n_max = n_max
+        L = n_max + 1
+        self._costs = [float(c) for c in costs[:L]] if costs is not None else None
+        self._measure = measure
+        self._S = [0.0] * L  # decayed sum of step seconds by N
+        self._C = [0.0] * L  # decayed step counts by N
+        self._D = [0.0] * n_max  # decayed counts: draft position i was drafted
+        self._A = [0.0] * n_max  # ... and accepted
+        self._nk = [0] * (L + 1)  # this window: steps by drafted count k >= 1
+        self._na = [0] * (L + 1)  # ... by accepted count a >= 1
+        start = max(0, min(int(start), n_max))
+        self.n = start  # N for the current window
+        self.best = start
+        self.sleep = start == 0  # drafting is off: a drafter that can resume cold may skip steps
+        self.shadow = False  # this step: draft one token but do not verify it; report shadow_result()
+        self.quiet = 0  # after a step() call: the caller may skip this many calls (drafting off: nothing to report)
+        self._probing = False
+        self._gap = 2 * GAP_MIN if start == 0 else GAP_MIN  # starting off: the first (shadow) probe after 16 steps
+        self._since = 0  # steps since the last probe
+        self._left = WINDOW_START  # step() calls until the next decision
+        self._wlen = WINDOW_START  # calls in the current window
+        self._skip = 1  # of which the first reports no step (the generation's first call)
+        self._t0 = _now()
+        self._tc0 = 0.0
+        # what happened (for reports and tests)
+        self.steps_at = [0] * L  # steps run at each N (requested: the loop may draft fewer near the end)
+        self.n_probes = 0
+        self.n_shadow = 0
+        self.n_switches = 0
+        self.changes: list[tuple[int, int]] = []  # (step, new best N)
+        self.steps = 0
+
+    # -- the per-step interface -----------------------------------------------------------------
+
+    def begin(self, t_consumer: float = 0.0) -> None:
+        """A generation starts (its steps follow): restart the timing window."""
+        if any(self._nk):
+            self._fold_acceptance()  # keep what the last generation's partial window saw (not its time)
+        self._nk = [0] * (self.n_max + 2)
+        self._na = [0] * (self.n_max + 2)
+        self._t0 = _now()
+        self._tc0 = t_consumer
+        if self._left > WINDOW_ON and not self.sleep:
+            self._left = WINDOW_ON
+        self._wlen = self._left
+        self._skip = 1
+        self.quiet = 0  # (a window cut short by the end of a generation: its skipped steps are not counted)
+
+    def shadow_result(self, hit: bool) -> None:
+        """A shadow step's draft token was (hit) or was not the token the target produced."""
+        self._nk[1] += 1
+        if hit:
+            self._na[1] += 1
+
+    def step(self, k: int, a: int, t_consumer: float) -> int:
+        """Report the previous step (k drafted, a accepted; anything <= 0 before the first) and get N.
+        Afterwards `quiet` calls may be skipped (the caller keeps N = 0 and reports nothing)."""
+        if k > 0:
+            self._nk[k] += 1
+            self._na[a] += 1
+        self._left -= 1
+        n = self.n if self._left > 0 else self._decide(t_consumer)
+        self.steps_at[n] += 1
+        return n
+
+    # -- estimates --------------------------------------------------------------------------------
+
+    def cost(self, n: int) -> Optional[float]:
+        """Measured seconds (or relative units, with measure=False) per step at N, or None."""
+        if not self._measure:
+            return self._costs[n]  # type: ignore[index]
+        return self._S[n] / self._C[n] if self._C[n] >= MIN_WEIGHT else None
+
+    def acceptance(self) -> list[float]:
+        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1 (pessimistic prior)."""
+        out = []
+        prev2, prev = 1.0, 1.0
+        for i in range(self.n_max):
+            if i == 0:
+                extra = 0.0
+            else:
+                extra = min(prev, prev * prev / prev2) if prev2 > 0 else 0.0
+            p = (self._A[i] + extra) / (self._D[i] + 1.0)
+            p = min(p, prev)
+            out.append(p)
+            prev2, prev = prev, p
+        return out
+
+    def acceptance_upper(self) -> list[float]:
+        """Optimistic P(first i+1 drafts accepted): (A+1)/(D+1) where position i has evidence,
+        else the geometric continuation u[i-1] * u[0]."""
+        out: list[float] = []
+        prev = 1.0
+        for i in range(self.n_max):
+            u = (self._A[i] + 1.0) / (self._D[i] + 1.0)
+            if i and self._D[i] < MIN_WEIGHT:
+                u = prev * out[0]
+            u = min(prev, u)
+            out.append(u)
+            prev = u
+        return out
+
+    def _cost_optimistic(self, n: int, measured: list[Optional[float]]) -> float:
+        c = measured[n]
+        if c is not None:
+            return c
+        below = [j for j in range(n) if measured[j] is not None]
+        if not below:
+            return 0.0  # never measured and nothing cheaper known: worth a look
+        j1 = below[-1]
+        c1 = measured[j1]
+        if self._costs is not None:  # a cost model's shape
+            return c1 * self._costs[n] / max(self._costs[j1], 1e-12)  # type: ignore[operator]
+        if len(below) >= 2:
+            j0 = below[-2]
+            slope = (c1 - measured[j0]) / (j1 - j0)  # type: ignore[operator]
+            return c1 + SLOPE_OPTIMISM * max(slope, 0.0) * (n - j1)  # type: ignore[operator]
+        return c1 * (1.0 + 0.1 * (n - j1))  # type: ignore[operator]
+
+    def throughput(self) -> list[Optional[float]]:
+        """Estimated tokens per unit of cost at each N (None: not measured)."""
+        acc = self.acceptance()
+        out: list[Optional[float]] = []
+        e = 1.0
+        for n in range(self.n_max + 1):
+            if n:
+                e += acc[n - 1]
+            c = self.cost(n)
+            out.append(e / c if c else None)
+        return out
+
+    # -- decisions --------------------------------------------------------------------------------
+
+    def _fold_acceptance(self) -> None:
+        nk, na, D, A = self._nk, self._na, self._D, self._A
+        c = 0
+        for k in range(self.n_max, 0, -1):
+            c += nk[k]
+            D[k - 1] += c
+        c = 0
+        for j in range(self.n_max, 0, -1):
+            c += na[j]
+            A[j - 1] += c
+
+    def _decide(self, t_consumer: float) -> int:
+        now = _now()
+        L = self.n_max + 1
+        steps = self._wlen - self._skip
+        n_win = self.n
+        if steps:
+            ga = GAMMA_ACC ** steps
+            D, A = self._D, self._A
+            for i in range(self.n_max):
+                D[i] *= ga
+                A[i] *= ga
+            self._fold_acceptance()
+            if self._measure and not self.shadow:  # a shadow step is plain decoding plus a head decode
+                per = (now - self._t0 - (t_consumer - self._tc0)) / steps
+                S, C = self._S, self._C
+                if C[n_win] >= MIN_WEIGHT:
+                    per = min(per, 3.0 * S[n_win] / C[n_win])  # a preempted step is not the setting's cost
+                gc = GAMMA_COST ** steps
+                for n in range(L):
+                    S[n] *= gc
+                    C[n] *= gc
+                S[n_win] += per * steps
+                C[n_win] += steps
+            self.steps += steps
+            self._since += steps
+            self.steps_at[n_win] += self.quiet  # the steps the caller skipped (step() counts the others)
+        self._nk = [0] * (L + 1)
+        self._na = [0] * (L + 1)
+
+        thr = self.throughput()
+        old = self.best
+        cands = [n for n in range(L) if thr[n] is not None]
+        best = max(cands, key=lambda n: thr[n]) if cands else old  # type: ignore[arg-type,return-value]
+        if best != old:
+            self.best = best
+            self.n_switches += 1
+            self.changes.append((self.steps, best))
+            self._gap = GAP_MIN
+        if self._probing:
+            self._probing = False
+            if best == old:  # nothing changed: probe less often (shadow misses: much less)
+                self._gap = min((4 if self.shadow else 2) * self._gap, GAP_MAX)
+
+        probe = None
+        if self._since >= self._gap:
+            probe = self._probe_candidate(thr)
+        self.shadow = False
+        if probe is not None:
+            self._probing = True
+            self._since = 0
+            self.n = probe
+            self._left = 1
+            d0 = self._D[0]
+            if probe and self.best == 0 and (d0 <= 0.0 or self._A[0] / d0 < SHADOW_RATE):
+                self.shadow = True  # is the head any good? costs plain decoding plus one head decode
+                self.n = 1
+                self.n_shadow += 1
+            else:
+                self.n_probes += 1
+        else:
+            self.n = self.best
+            if self.best:
+                self._left = WINDOW_ON
+            else:
+                self._left = max(self._gap - self._since, 1) if self._since < self._gap else WINDOW_OFF
+        self.sleep = self.best == 0 and self.n == 0
+        self._wlen = self._left
+        self._skip = 0
+        self.quiet = 0
+        if self.sleep and self._left > 1:  # the caller skips the calls until the next decision
+            self.quiet = self._left - 1
+            self._left = 1
+        self._t0 = _now()
+        self._tc0 = t_consumer
+        return self.n
+
+    def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
+        base = thr[self.best]
+        if base is None:
+            base = 0.0
+        measured = [self.cost(n) for n in range(self.n_max + 1)]
+        top = max((n for n in range(self.n_max + 1) if measured[n] is not None), default=-1)
+        up = self.acceptance_upper()
+        e = 1.0
+        for n in range(min(top + 1, self.n_max) + 1):  # cheapest first, at most one past the largest measured N
+            if n:
+                e += up[n - 1]
+            if n == self.best:
+                continue
+            c = self._cost_optimistic(n, measured)
+            if c <= 0.0 or e / c > base * PROBE_MARGIN:
+                return n
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {"n": self.best, "steps_at": list(self.steps_at), "probes": self.n_probes, "shadow_probes": self.n_shadow,
+                "switches": self.n_switches, "acceptance": [round(x, 4) for x in self.acceptance()],
+                "cost": [self.cost(n) for n in range(self.n_max + 1)]}
+
+    def describe(self) -> str:
+        used = ", ".join(f"N={n}: {s}" for n, s in enumerate(self.steps_at) if s)
+        return (f"adaptive: now N={self.best}; steps {used or '-'}; {self.n_probes} probes "
+                f"(+{self.n_shadow} shadow), {self.n_switches} switches")
+
+
+# ---------------------------------------------------------------------------------------------
+# "auto" and "adaptive"
+# ---------------------------------------------------------------------------------------------
+
+NO_PROFILE_NOTE = ("no tuned profile for this model on this machine (run `mtp-cli tune -m MODEL`); "
+                   "choosing N adaptively while generating")
+
+
+@dataclass
+class Resolved:
+    config: "GenConfig"  # draft_n_max is an int; spec_type may have become "none" (a profile said off)
+    controller: Optional[AdaptiveController]
+    mode: str  # "fixed", "profile" or "adaptive"
+    note: Optional[str] = None
+    profile: Any = None
+
+
+def resolve(rt: "Runtime", cfg: "GenConfig", controller: Optional[AdaptiveController] = None) -> Resolved:
+    """"auto": the saved profile for this model + machine (mtp only), else adaptive with a note.
+    "adaptive": a controller (the one given, else one kept on the runtime per spec type)."""
+    from mtp_cli import profiles
+
+    mode = cfg.draft_n_max
+    if not isinstance(mode, str) or cfg.spec_type == "none":
+        n = cfg.draft_n_max if isinstance(cfg.draft_n_max, int) else 1
+        return Resolved(replace(cfg, draft_n_max=n), None, "fixed")
+    note = None
+    prof = None
+    if mode == "auto":
+        if cfg.spec_type == "mtp":
+            prof = profiles.find(rt.profile_key(cfg))
+        if prof is not None:
+            said = (f"tuned profile: {prof.setting} ({prof.ratio_vs_none:.2f}x plain decoding when tuned"
+                    f"{', ' + prof.created[:10] if prof.created else ''})")
+            if prof.spec_type == "none":
+                return Resolved(replace(cfg, spec_type="none", draft_n_max=1), None, "profile", said, prof)
+            return Resolved(replace(cfg, draft_n_max=int(prof.draft_n_max), draft_p_min=float(prof.draft_p_min)),
+                            None, "profile", said, prof)
+        note = NO_PROFILE_NOTE if cfg.spec_type == "mtp" else None
+    ctl = controller
+    if ctl is None:
+        ctl = rt._controllers.get(cfg.spec_type)
+        if ctl is None:
+            ctl = rt._controllers[cfg.spec_type] = AdaptiveController(ADAPTIVE_N_MAX)
+    return Resolved(replace(cfg, draft_n_max=ctl.n_max), ctl, "adaptive", note, None)
+
+
+__all__ = ["AdaptiveController", "Resolved", "resolve", "ADAPTIVE_N_MAX", "NO_PROFILE_NOTE"]

@@ -1,0 +1,126 @@
+"""`mtp-cli bench`: none, ngram, mtp at fixed N, auto and adaptive side by side, in one run.
+
+Same prompts and greedy decoding for every row; every setting runs `repeats` times, repeat by
+repeat (measure.interleaved), and each row is the median repeat, with its ratio to plain decoding.
+"auto" is what `--spec-draft-n-max auto` does here (the tuned profile, else adaptive);
+adaptive rows get a fresh controller per repeat, so each repeat pays its own learning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from mtp_cli.adaptive import AdaptiveController, resolve
+from mtp_cli.measure import PROMPTS, RunResult, Setting, interleaved, run_setting
+from mtp_cli.runtime import GenConfig, GenStats, NoMtpHeadError, Runtime
+
+DEFAULT_NS = (1, 2, 3, 4)
+
+
+@dataclass
+class BenchRow:
+    name: str
+    detail: str  # how auto resolved, the N adaptive used...
+    result: Optional[RunResult]  # None: not run (no MTP head)
+    ratio: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "detail": self.detail, "ratio_vs_none": self.ratio,
+                **(self.result.to_dict() if self.result else {"skipped": True})}
+
+
+@dataclass
+class BenchResult:
+    model: str
+    threads: Optional[int]
+    n_predict: int
+    repeats: int
+    prompts: int
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "threads": self.threads, "n_predict": self.n_predict, "repeats": self.repeats,
+                "prompts": self.prompts, "rows": [r.to_dict() for r in self.rows]}
+
+
+@dataclass
+class BenchEvent:
+    message: str
+    done: int
+    total: int
+
+
+def _adaptive_detail(res: RunResult) -> str:
+    s = res.extra.get("adaptive")
+    if not s:
+        return ""
+    steps = s["steps_at"]
+    tot = sum(steps) or 1
+    used = ", ".join(f"N={n} {c / tot:.0%}" for n, c in enumerate(steps) if c)
+    return f"steps at {used}; {s['probes']} probes, {s.get('shadow_probes', 0)} shadow"
+
+
+def bench(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Optional[Sequence[str]] = None,
+          n_threads: Optional[int] = None, n_gpu_layers: int = -1, n_predict: int = 64, repeats: int = 3,
+          n_values: Sequence[int] = DEFAULT_NS, ngram: bool = True, n_ctx: int = 2048,
+          progress: Optional[Callable[[BenchEvent], None]] = None) -> BenchResult:
+    texts = list(prompts) if prompts is not None else list(PROMPTS)
+    base = GenConfig(n_predict=n_predict, n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx)
+    try:
+        rt = Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers)
+        has_head = True
+    except NoMtpHeadError:
+        if draft is not None:
+            raise
+        rt = Runtime(model, spec_type="none", n_gpu_layers=n_gpu_layers)
+        has_head = False
+    out = BenchResult(str(model), n_threads, n_predict, repeats, len(texts))
+    with rt:
+        toks = [rt.tokenize(t) for t in texts]
+        settings: list[Setting] = [Setting("none", replace(base, spec_type="none"))]
+        details: dict[str, str] = {"none": "plain decoding"}
+        if ngram:
+            settings.append(Setting("ngram N=3", replace(base, spec_type="ngram", draft_n_max=3)))
+            details["ngram N=3"] = "prompt lookup"
+        if has_head:
+            for n in n_values:
+                settings.append(Setting(f"mtp N={n}", replace(base, spec_type="mtp", draft_n_max=n)))
+                details[f"mtp N={n}"] = ""
+            auto = replace(base, spec_type="mtp", draft_n_max="auto")
+            r = resolve(rt, auto.validated(), AdaptiveController())
+            if r.mode == "profile":
+                p = r.profile
+                details["auto"] = f"profile: {p.setting}"
+                settings.append(Setting("auto", auto))
+            else:
+                details["auto"] = "no profile: adaptive"
+                settings.append(Setting("auto", auto, AdaptiveController))
+            settings.append(Setting("adaptive", replace(base, spec_type="mtp", draft_n_max="adaptive"),
+                                    AdaptiveController))
+            details["adaptive"] = ""
+        total = len(settings) * max(1, repeats)
+        done = [0]
+
+        def on_run(name: str, r: int, st: GenStats) -> None:
+            done[0] += 1
+            if progress is not None:
+                progress(BenchEvent(f"{name}: {st.tokens_per_second:.1f} tok/s (repeat {r + 1})", done[0], total))
+
+        run_setting(rt, toks[:1], replace(base, spec_type="none", n_predict=16))  # warm-up
+        results = interleaved(rt, toks, settings, repeats, on_run=on_run)
+        none_tps = results["none"].tokens_per_second
+        for s in settings:
+            res = results[s.name]
+            det = details.get(s.name, "")
+            extra = _adaptive_detail(res)
+            det = "; ".join(x for x in (det, extra) if x)
+            out.rows.append(BenchRow(s.name, det, res, res.tokens_per_second / none_tps if none_tps else None))
+        if not has_head:
+            for name in [f"mtp N={n}" for n in n_values] + ["auto", "adaptive"]:
+                out.rows.append(BenchRow(name, "no MTP head", None))
+    return out
+
+
+__all__ = ["bench", "BenchResult", "BenchRow", "BenchEvent", "DEFAULT_NS"]

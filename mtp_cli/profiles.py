@@ -1,0 +1,240 @@
+"""Tuned profiles: the fastest draft setting for one model on one machine, saved as JSON.
+
+A profile is keyed by
+- the model's identity, computed from what the file declares, not from its multi-GB data: the
+  architecture, every scalar key-value (arrays count by length), every tensor's name, type, shape
+  and offset, plus a 128-byte sample of each tensor's data (its first and last 64 bytes), so a
+  retrained head with the same layout still gets a new key; the same for an -md sidecar;
+- the machine: CPU model, threads, backend (CPU build or GPU offload), -ngl (0 on CPU builds,
+  where llama.cpp ignores it), llama.cpp's feature line and the llama-cpp-python version.
+
+The store is one JSON file, `profiles.json`, in the user config directory
+(`click.get_app_dir("mtp-cli")`; MTP_CLI_CONFIG_DIR overrides it), written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import struct
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from gguf_tools.errors import BadFileError
+from gguf_tools.gguf_file import ArrayValue, open_gguf
+from mtp_cli.runtime import ModelFileError, RuntimeConfigError
+
+PROFILE_FILE = "profiles.json"
+PROFILE_VERSION = 1
+SAMPLE_BYTES = 64  # from each end of each tensor's data
+ENV_CONFIG_DIR = "MTP_CLI_CONFIG_DIR"
+
+
+class ProfileError(RuntimeConfigError):
+    """The profile store cannot be read or written."""
+
+
+# ---------------------------------------------------------------------------------------------
+# identities
+# ---------------------------------------------------------------------------------------------
+
+
+def _value_repr(v: Any) -> str:
+    if isinstance(v, ArrayValue):
+        return f"array[{v.count}]"
+    if isinstance(v, float):
+        return struct.pack("<d", v).hex()  # exact, locale-free
+    return repr(v)
+
+
+def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """{"key", "arch", "name", "file_bytes", "tensors"} of a GGUF, from its header and tensor table
+    plus 2 x SAMPLE_BYTES of each tensor's data (never the whole file)."""
+    try:
+        gf = open_gguf(path)
+    except BadFileError as e:
+        raise ModelFileError(str(e)) from None
+    h = hashlib.sha256()
+    h.update(f"arch={gf.arch}\n".encode())
+    for k in sorted(gf.scan.values):
+        h.update(f"kv {k}={_value_repr(gf.scan.values[k])}\n".encode())
+    for t in gf.scan.tensors:
+        h.update(f"t {t.name} {int(t.type)} {list(t.shape)} {t.offset} {t.n_bytes}\n".encode())
+    try:
+        with open(gf.path, "rb") as f:
+            for t in gf.scan.tensors:
+                n = min(SAMPLE_BYTES, t.n_bytes)
+                f.seek(t.offset)
+                h.update(f.read(n))
+                if t.n_bytes > n:
+                    f.seek(t.offset + t.n_bytes - n)
+                    h.update(f.read(n))
+    except OSError as e:
+        raise ModelFileError(f"{gf.path}: cannot read: {e.strerror or e}") from None
+    return {"key": h.hexdigest()[:32], "arch": gf.arch, "name": gf.get("general.name") or "",
+            "file_bytes": gf.size, "tensors": len(gf.scan.tensors), "path": str(Path(path).resolve())}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_identity(n_threads: Optional[int] = None, n_gpu_layers: int = -1) -> dict[str, Any]:
+    from mtp_cli import llama_ext as lx
+
+    try:
+        from importlib.metadata import version
+
+        llama_version = version("llama-cpp-python")
+    except Exception:  # pragma: no cover
+        llama_version = "unknown"
+    gpu = lx.supports_gpu_offload()
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count() or 1,
+        "threads": int(n_threads) if n_threads else lx.default_threads(),
+        "backend": "gpu" if gpu else "cpu",
+        "n_gpu_layers": int(n_gpu_layers) if gpu else 0,
+        "system_info": lx.system_info(),
+        "llama_cpp_python": llama_version,
+    }
+
+
+def profile_key(model: dict[str, Any], draft: Optional[dict[str, Any]], machine: dict[str, Any]) -> str:
+    blob = json.dumps({"model": model["key"], "draft": draft["key"] if draft else None, "machine": machine},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------------------------------
+# profiles and the store
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Profile:
+    key: str
+    model: dict[str, Any]
+    draft: Optional[dict[str, Any]]
+    machine: dict[str, Any]
+    spec_type: str  # "mtp" or "none" (drafting off)
+    draft_n_max: int
+    draft_p_min: float
+    tokens_per_second: float
+    ratio_vs_none: float
+    cost_model: dict[str, Any] = field(default_factory=dict)
+    acceptance_by_pos: list[float] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list)  # what tune measured
+    created: str = ""
+
+    @property
+    def setting(self) -> str:
+        return "off" if self.spec_type == "none" else _setting_name(self.draft_n_max, self.draft_p_min)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _setting_name(n: int, p_min: float) -> str:
+    return f"mtp N={n}" + (f" p>={p_min:g}" if p_min > 0 else "")
+
+
+def config_dir() -> Path:
+    env = os.environ.get(ENV_CONFIG_DIR)
+    if env:
+        return Path(env)
+    import click  # only for its platform rules (XDG_CONFIG_HOME, ~/Library/Application Support, %APPDATA%)
+
+    return Path(click.get_app_dir("mtp-cli"))
+
+
+def store_path(directory: Optional[Path] = None) -> Path:
+    return (directory or config_dir()) / PROFILE_FILE
+
+
+def load_all(directory: Optional[Path] = None) -> dict[str, dict[str, Any]]:
+    """Every stored profile by key ({} when there is no store). A corrupt store is an error."""
+    p = store_path(directory)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ProfileError(f"{p}: cannot read the profile store: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw)
+        profiles = data["profiles"]
+        if not isinstance(profiles, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ProfileError(f"{p}: the profile store is corrupt; delete it and run `mtp-cli tune` again") from None
+    return profiles
+
+
+def find(key: str, directory: Optional[Path] = None) -> Optional[Profile]:
+    d = load_all(directory).get(key)
+    if d is None:
+        return None
+    try:
+        return Profile.from_dict(d)
+    except TypeError:
+        return None  # written by another version: as if absent
+
+
+def save(profile: Profile, directory: Optional[Path] = None) -> Path:
+    """Add or replace `profile` in the store (atomic write). Returns the store's path."""
+    p = store_path(directory)
+    profiles = load_all(directory)
+    profiles[profile.key] = profile.to_dict()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".profiles.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"version": PROFILE_VERSION, "profiles": profiles}, f, indent=1, sort_keys=True)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise ProfileError(f"{p}: cannot write the profile store: {e.strerror or e}") from None
+    return p
+
+
+@dataclass
+class Identity:
+    """Everything a profile is keyed by, for one (model, sidecar, threads, -ngl)."""
+
+    model: dict[str, Any]
+    draft: Optional[dict[str, Any]]
+    machine: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.model, self.draft, self.machine)
+
+
+def identify(model_path: str | os.PathLike[str], draft_path: Optional[str | os.PathLike[str]] = None, *,
+             n_threads: Optional[int] = None, n_gpu_layers: int = -1) -> Identity:
+    return Identity(model_identity(model_path), model_identity(draft_path) if draft_path else None,
+                    machine_identity(n_threads, n_gpu_layers))
+
+
+__all__ = ["Profile", "ProfileError", "Identity", "identify", "model_identity", "machine_identity", "profile_key",
+           "config_dir", "store_path", "load_all", "find", "save", "cpu_model"]

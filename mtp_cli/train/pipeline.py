@@ -1,0 +1,189 @@
+"""`mtp-cli train` as a library call: adopt if needed -> collect -> train -> export.
+
+    res = run_train(TrainJob(model=Path("smollm2.gguf"), out=Path("smollm2-mtp.gguf"), minutes=10))
+
+MODEL is a glm4moe trunk (adopted or native, with or without a head slot) or a llama / qwen2 /
+qwen3 GGUF, which is adopted on the fly into the work folder (OUT is then the adopted model plus
+the trained head). The work folder (default OUT + ".train/") keeps the adopted trunk, the
+collected data and the training checkpoint: running the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gguf_tools import ops
+from gguf_tools.archs import ADOPTABLE_ARCHS
+from gguf_tools.errors import RefusedError
+from gguf_tools.gguf_file import open_gguf
+from gguf_tools.gguf_write import check_output
+from mtp_cli.train import require_torch
+from mtp_cli.train.data import (BUILTIN_PROMPTS, BUILTIN_TEXT, CollectConfig, CollectProgress, Store, collect,
+                                is_heldout, read_documents, read_prompts, source_key)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    model: Path
+    out: Path
+    texts: Sequence[Path] = ()  # text files for teacher-forced passes
+    prompts: Path | None = None  # one prompt per line (answered greedily by the trunk)
+    minutes: float = 10.0  # training budget (collection runs to the end of the sources first)
+    head_type: str = "f16"
+    sidecar: bool = False  # write an MTP-only sidecar instead of the packed model
+    seed: int = 0
+    work: Path | None = None
+    init: str = "random"  # random | trunk | slot (mtp_cli.train.trunk.initial_weights)
+    max_prompts: int | None = None
+    n_threads: int = 1
+    overwrite: bool = False
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    train: object = None  # a trainer.TrainConfig (None: defaults with minutes, seed, threads)
+
+    @property
+    def work_dir(self) -> Path:
+        return self.work if self.work is not None else self.out.with_name(self.out.name + ".train")
+
+
+@dataclass
+class JobResult:
+    out: Path
+    trunk: Path  # the glm4moe trunk the head belongs to (adopted into the work folder, or MODEL)
+    store_rows: int
+    train: object  # trainer.TrainResult
+    heldout_prompts: list[str]
+
+
+def sources(job: TrainJob) -> tuple[list[str], list[str]]:
+    """(documents, prompts): the given files, or the built-in ones when neither is given."""
+    if not job.texts and job.prompts is None:
+        texts, prompts = [BUILTIN_TEXT], BUILTIN_PROMPTS
+    else:
+        texts, prompts = list(job.texts), job.prompts
+    docs = [d for p in texts for d in read_documents(p)]
+    ps = read_prompts(prompts) if prompts is not None else []
+    if job.max_prompts is not None:
+        ps = ps[: job.max_prompts]
+    return docs, ps
+
+
+def heldout_prompts(prompts: Sequence[str], seed: int = 0, frac: float | None = None) -> list[str]:
+    """The prompts collection held out (never trained on): evaluate decode-time acceptance on these."""
+    f = CollectConfig().heldout if frac is None else frac
+    return [p for p in prompts if is_heldout(source_key("prompt", p), seed, f)]
+
+
+def prepare_trunk(job: TrainJob) -> Path:
+    """MODEL itself when it is glm4moe, else its adoption in the work folder (made once)."""
+    gf = open_gguf(job.model)
+    if gf.arch == "glm4moe":
+        return job.model
+    if gf.arch not in ADOPTABLE_ARCHS:
+        raise RefusedError(f"training needs a glm4moe trunk or a llama/qwen2/qwen3 model to adopt, not {gf.arch!r}",
+                           job.model)
+    adopted = job.work_dir / "adopted.gguf"
+    if not adopted.exists():
+        job.work_dir.mkdir(parents=True, exist_ok=True)
+        ops.adopt(job.model, adopted)
+    return adopted
+
+
+def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
+              on_collect: Callable[[CollectProgress], None] | None = None,
+              on_train: Callable[[object], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> JobResult:
+    torch = require_torch()  # fail before any work
+    from mtp_cli.train.export import HEAD_TYPES, export_model, write_sidecar
+    from mtp_cli.train.head import MtpHead
+    from mtp_cli.train.trainer import TrainConfig, Trainer
+    from mtp_cli.train.trunk import Trunk, initial_weights
+
+    if job.head_type not in HEAD_TYPES:
+        raise RefusedError(f"unknown head type {job.head_type!r} ({', '.join(HEAD_TYPES)})")
+    check_output(job.out, [job.model], job.overwrite)
+    stage = on_stage or (lambda s: None)
+    torch.set_num_threads(max(1, job.n_threads))
+
+    stage("adopt")
+    trunk_path = prepare_trunk(job)
+    trunk = Trunk(trunk_path)  # refuses what the head cannot express, before collecting
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    docs, prompts = sources(job)
+    ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
+
+    stage("collect")
+    store = collect(trunk_path, job.work_dir / "data", texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
+                    should_stop=should_stop)
+    if should_stop and should_stop():
+        raise KeyboardInterrupt
+
+    stage("train")
+    tcfg = job.train if job.train is not None else TrainConfig(minutes=job.minutes, seed=job.seed,
+                                                                n_threads=job.n_threads)
+    head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast_output=True)
+    trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
+    result = trainer.run(on_train, should_stop)
+
+    stage("export")
+    weights = head.weights()
+    if job.sidecar:
+        write_sidecar(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite)
+    else:
+        export_model(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite)
+    return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, ccfg.heldout))
+
+
+@dataclass
+class Acceptance:
+    prompts: int
+    tokens: int
+    passes: int
+    drafted: int
+    accepted: int
+    by_pos: list[float]  # acceptance of draft position i+1 (passes keeping it / passes drafting it)
+    mean_accepted_per_pass: float
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def measure_acceptance(model: str | os.PathLike[str], prompts: Sequence[str], *, sidecar: str | None = None,
+                       n_predict: int = 128, draft_n_max: int = 3, n_threads: int = 1, chat: bool | None = None,
+                       n_ctx: int = 1024) -> Acceptance:
+    """Greedy decoding with the MTP head through our Runtime; acceptance by draft position."""
+    from mtp_cli.chat import chat_prompt
+    from mtp_cli.runtime import GenConfig, Runtime
+
+    cfg = GenConfig(n_predict=n_predict, n_ctx=n_ctx, n_threads=n_threads, spec_type="mtp", draft_model=sidecar,
+                    draft_n_max=draft_n_max, temp=0.0)
+    gf = open_gguf(model)
+    use_chat = chat if chat is not None else isinstance(gf.get("tokenizer.chat_template"), str)
+    drafted_at = [0] * draft_n_max
+    accepted_at = [0] * draft_n_max
+    tot = Acceptance(0, 0, 0, 0, 0, [], 0.0)
+    with Runtime.load(model, cfg) as rt:
+        for p in prompts:
+            text = chat_prompt(gf, p, *rt.special_texts()) if use_chat else p
+            toks = rt.tokenize(text, add_special=True, parse_special=use_chat)
+            for _ in rt.generate(toks, cfg):
+                pass
+            st = rt.stats
+            tot.prompts += 1
+            tot.tokens += st.n_tokens
+            tot.passes += st.n_verify
+            tot.drafted += st.n_drafted
+            tot.accepted += st.n_accepted
+            for i in range(min(draft_n_max, len(st.drafted_at))):
+                drafted_at[i] += st.drafted_at[i]
+                accepted_at[i] += st.accepted_at[i]
+    tot.by_pos = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
+    tot.mean_accepted_per_pass = tot.accepted / tot.passes if tot.passes else 0.0
+    return tot
+
+
+__all__ = ["TrainJob", "JobResult", "run_train", "sources", "heldout_prompts", "prepare_trunk", "measure_acceptance",
+           "Acceptance", "Store"]

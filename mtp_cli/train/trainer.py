@@ -1,0 +1,292 @@
+"""The training loop: the trunk frozen (its rows come from the store), the head block trained.
+
+Per batch of whole sequences (the head's own causal attention over each, as at decode time):
+
+- draft step 1 at every row j: token x_j with the trunk's h of row j-1 -> the trunk's distribution
+  at row j (its prediction of the token after x_j);
+- draft step 2 (`unroll`, from `unroll_from` of the budget on): token x_j with the HEAD's own output h of row j-1, attending to the step-1
+  rows 0..j-1 and itself -> the trunk's distribution at row j; only where x_j is the trunk's own
+  greedy token after row j-1 (a draft that would have been accepted), gradients through both steps.
+
+Losses: "kl" = cross-entropy to the trunk's top-K distribution (renormalised; = KL up to a
+constant), "ce" = cross-entropy on the trunk's top-1 token, "mix" = their mean. Deterministic for
+a seed (one thread); stops at `minutes` or `max_steps`; checkpoints (weights, optimizer, sampler
+state) every `ckpt_every_s` so a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mtp_cli.train.data import Store
+from mtp_cli.train.head import MtpHead
+
+LOSSES = ("kl", "ce", "mix")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    minutes: float = 10.0  # wall-clock budget of this run (0 with max_steps: no time limit)
+    max_steps: int | None = None
+    batch_seqs: int = 4
+    lr: float = 1.5e-3  # measured on SmolLM2 (2.5 min runs): 1.5e-3 beat 5e-4
+    warmup: int = 20
+    weight_decay: float = 0.0
+    loss: str = "kl"
+    unroll: bool = True
+    unroll_from: float = 0.5  # train step 2 once this share of the budget (time, else max_steps) is spent
+    step2_weight: float = 0.5
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every_s: float = 60.0
+    eval_rows: int = 2048  # held-out rows evaluated (the first sequences of the held-out split)
+    ckpt_every_s: float = 120.0
+    n_threads: int = 1
+
+
+@dataclass
+class TrainProgress:
+    step: int
+    elapsed_s: float  # this run
+    loss: float  # running mean of the last steps
+    heldout_top1: float | None  # held-out draft-step-1 top-1 agreement with the trunk (last evaluation)
+    heldout_top1_step2: float | None  # held-out step 2, where step 1's token is the trunk's
+    steps_per_s: float
+    rows_per_s: float
+    budget_s: float
+    final: bool = False
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    steps_per_s: float
+    rows_per_s: float
+    initial: tuple[float, float]  # held-out (step 1, step 2) top-1 before this run's first step
+    final: tuple[float, float]
+    history: list[dict] = field(default_factory=list)
+
+
+class Batcher:
+    """Whole sequences from the store as padded tensors."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def make(self, seqs: list[dict]) -> dict[str, torch.Tensor]:
+        T = max(s["len"] for s in seqs)
+        B, E, K = len(seqs), self.store.E, self.store.K
+        tokens = np.zeros((B, T), np.int64)
+        hprev = np.zeros((B, T, E), np.float32)
+        ids = np.zeros((B, T, K), np.int64)
+        lp = np.full((B, T, K), -1e4, np.float32)
+        valid = np.zeros((B, T), bool)
+        for b, s in enumerate(seqs):
+            d = self.store.sequence(s)
+            n = s["len"]
+            tokens[b, :n] = d["tokens"]
+            hprev[b, 1:n] = d["h"][: n - 1]
+            ids[b, :n] = d["topk_id"]
+            lp[b, :n] = d["topk_lp"]
+            valid[b, :n] = True
+        valid2 = np.zeros_like(valid)
+        valid2[:, 1:] = valid[:, 1:] & (tokens[:, 1:] == ids[:, :-1, 0])  # x_j is the trunk's greedy after j-1
+        t = torch.from_numpy
+        return {"tokens": t(tokens), "hprev": t(hprev), "ids": t(ids), "lp": t(lp), "valid": t(valid),
+                "valid2": t(valid2)}
+
+
+def _loss(logits: torch.Tensor, ids: torch.Tensor, lp: torch.Tensor, kind: str) -> torch.Tensor:
+    logq = torch.log_softmax(logits, dim=-1)
+    ce = -logq.gather(-1, ids[:, :1]).squeeze(-1).mean()
+    if kind == "ce":
+        return ce
+    p = torch.softmax(lp, dim=-1)  # the trunk's top-K, renormalised
+    kl = -(p * logq.gather(-1, ids)).sum(-1).mean()
+    return kl if kind == "kl" else 0.5 * (kl + ce)
+
+
+class Trainer:
+    def __init__(self, head: MtpHead, store: Store, cfg: TrainConfig = TrainConfig(),
+                 checkpoint: str | os.PathLike[str] | None = None):
+        if cfg.loss not in LOSSES:
+            raise ValueError(f"unknown loss {cfg.loss!r} ({', '.join(LOSSES)})")
+        self.head, self.store, self.cfg = head, store, cfg
+        self.batcher = Batcher(store)
+        self.train_seqs = store.split("train")
+        self.heldout = []
+        rows = 0
+        for s in store.split("heldout"):
+            if rows >= cfg.eval_rows:
+                break
+            self.heldout.append(s)
+            rows += s["len"]
+        if not self.train_seqs:
+            raise ValueError("no training sequences collected")
+        torch.manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.params = [p for p in head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+        self.step = 0
+        self.elapsed_total = 0.0  # over every run of this checkpoint
+        self.history: list[dict] = []
+        self.ckpt = Path(checkpoint) if checkpoint else None
+        if self.ckpt is not None and self.ckpt.exists():
+            self._load()
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        st = torch.load(self.ckpt, weights_only=False)
+        self.head.w.load_state_dict(st["weights"])
+        self.opt.load_state_dict(st["opt"])
+        self.step, self.elapsed_total, self.history = st["step"], st["elapsed_total"], st["history"]
+        self.rng.bit_generator.state = st["rng"]
+        torch.set_rng_state(st["torch_rng"])
+
+    def save(self) -> None:
+        if self.ckpt is None:
+            return
+        tmp = self.ckpt.with_name(self.ckpt.name + ".tmp")
+        torch.save({"weights": self.head.w.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "elapsed_total": self.elapsed_total, "history": self.history, "rng": self.rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(), "config": asdict(self.cfg)}, tmp)
+        os.replace(tmp, self.ckpt)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def _progress(self, frac: float, steps_done: int) -> float:
+        if self.cfg.minutes > 0:
+            return frac
+        return steps_done / self.cfg.max_steps if self.cfg.max_steps else 1.0
+
+    def losses(self, b: dict[str, torch.Tensor], unroll: bool | None = None) -> tuple[torch.Tensor, int]:
+        head, cfg = self.head, self.cfg
+        hout, k, v = head(b["tokens"], b["hprev"])
+        m = b["valid"]
+        loss = _loss(head.logits(hout[m]), b["ids"][m], b["lp"][m], cfg.loss)
+        rows = int(m.sum())
+        m2 = b["valid2"]
+        if (cfg.unroll if unroll is None else unroll) and bool(m2.any()):
+            h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
+            hout2 = head.step2(b["tokens"], h2, k, v)
+            loss = loss + cfg.step2_weight * _loss(head.logits(hout2[m2]), b["ids"][m2], b["lp"][m2], cfg.loss)
+            rows += int(m2.sum())
+        return loss, rows
+
+    def _lr(self, frac: float) -> float:
+        cfg = self.cfg
+        warm = min(1.0, (self.step + 1) / max(1, cfg.warmup))
+        return cfg.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac)))))
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Held-out top-1 agreement with the trunk: (draft step 1, draft step 2 where step 1's token is the trunk's)."""
+        head = self.head
+        hit1 = n1 = hit2 = n2 = 0
+        for i in range(0, len(self.heldout), self.cfg.batch_seqs):
+            b = self.batcher.make(self.heldout[i:i + self.cfg.batch_seqs])
+            hout, k, v = head(b["tokens"], b["hprev"])
+            m = b["valid"]
+            hit1 += int((head.logits(hout[m]).argmax(-1) == b["ids"][m][:, 0]).sum())
+            n1 += int(m.sum())
+            m2 = b["valid2"]
+            if bool(m2.any()):
+                h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
+                hout2 = head.step2(b["tokens"], h2, k, v)
+                hit2 += int((head.logits(hout2[m2]).argmax(-1) == b["ids"][m2][:, 0]).sum())
+                n2 += int(m2.sum())
+        return hit1 / max(1, n1), hit2 / max(1, n2)
+
+    def run(self, progress: Callable[[TrainProgress], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> TrainResult:
+        cfg = self.cfg
+        torch.set_num_threads(max(1, cfg.n_threads))
+        budget = cfg.minutes * 60.0 if cfg.minutes > 0 else math.inf
+        total_budget = self.elapsed_total + budget if math.isfinite(budget) else 0.0  # 0: no decay
+        t0 = time.perf_counter()
+        init = self.evaluate() if self.heldout else (0.0, 0.0)
+        last = init
+        self.history.append({"step": self.step, "elapsed_total": self.elapsed_total, "heldout_top1": init[0],
+                             "heldout_top1_step2": init[1]})
+        t_eval = t_ckpt = time.perf_counter()
+        losses: list[float] = []
+        rows_done = steps_done = 0
+        t_train = 0.0
+        head = self.head
+        head.train()
+
+        def elapsed() -> float:
+            return time.perf_counter() - t0
+
+        def report(final: bool = False) -> None:
+            if progress:
+                progress(TrainProgress(self.step, elapsed(), float(np.mean(losses[-20:])) if losses else math.nan,
+                                       last[0], last[1], steps_done / t_train if t_train else 0.0,
+                                       rows_done / t_train if t_train else 0.0, budget, final))
+
+        report()
+        while True:
+            if cfg.max_steps is not None and steps_done >= cfg.max_steps:
+                break
+            if elapsed() >= budget or (should_stop and should_stop()):
+                break
+            ts = time.perf_counter()
+            pick = self.rng.choice(len(self.train_seqs), size=min(cfg.batch_seqs, len(self.train_seqs)), replace=False)
+            b = self.batcher.make([self.train_seqs[i] for i in sorted(pick)])
+            frac = (self.elapsed_total + elapsed()) / total_budget if total_budget > 0 else 0.0
+            for g in self.opt.param_groups:
+                g["lr"] = self._lr(frac)
+            loss, rows = self.losses(b, unroll=cfg.unroll and self._progress(frac, steps_done) >= cfg.unroll_from)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            self.opt.step()
+            self.step += 1
+            steps_done += 1
+            rows_done += rows
+            t_train += time.perf_counter() - ts
+            losses.append(loss.item())
+            now = time.perf_counter()
+            if self.heldout and now - t_eval >= cfg.eval_every_s:
+                last = self.evaluate()
+                t_eval = time.perf_counter()
+                self.history.append({"step": self.step, "elapsed_total": self.elapsed_total + elapsed(),
+                                     "loss": losses[-1], "heldout_top1": last[0], "heldout_top1_step2": last[1]})
+            if now - t_ckpt >= cfg.ckpt_every_s:
+                self._save_at(elapsed())
+                t_ckpt = time.perf_counter()
+            report()
+        if self.heldout:
+            last = self.evaluate()
+        self.history.append({"step": self.step, "elapsed_total": self.elapsed_total + elapsed(),
+                             "loss": losses[-1] if losses else None, "heldout_top1": last[0],
+                             "heldout_top1_step2": last[1]})
+        secs = elapsed()
+        self._save_at(secs)
+        self.elapsed_total += secs
+        report(final=True)
+        head.eval()
+        return TrainResult(steps_done, secs, steps_done / t_train if t_train else 0.0,
+                           rows_done / t_train if t_train else 0.0, init, last, list(self.history))
+
+    def _save_at(self, secs: float) -> None:
+        before = self.elapsed_total
+        self.elapsed_total = before + secs
+        try:
+            self.save()
+        finally:
+            self.elapsed_total = before
+
+
+__all__ = ["TrainConfig", "TrainProgress", "TrainResult", "Trainer", "Batcher", "LOSSES"]

@@ -1,0 +1,138 @@
+"""The frozen trunk, as the head sees it: tensors read from the GGUF and dequantized (numpy).
+
+The head reuses the trunk's token embedding, its output norm and its output matrix (tied to the
+embedding when the file has no `output.weight`), all frozen. Its trainable block can start from
+the trunk's last block (same shapes) or from the head slot the file already has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import quants
+
+from gguf_tools.errors import RefusedError
+from gguf_tools.gguf_file import GGUFFile, open_gguf
+from gguf_tools.glm4moe_head import HeadDims, unpack_head_block
+
+ARCH = "glm4moe"
+
+# trunk block tensor suffix -> the head's short weight name (glm4moe_head's names)
+_BLOCK_NAMES = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "attn_q", "attn_k.weight": "attn_k", "attn_v.weight": "attn_v",
+    "attn_output.weight": "attn_output", "attn_q_norm.weight": "attn_q_norm", "attn_k_norm.weight": "attn_k_norm",
+    "attn_q.bias": "attn_q.bias", "attn_k.bias": "attn_k.bias", "attn_v.bias": "attn_v.bias",
+    "post_attention_norm.weight": "post_attention_norm", "ffn_gate.weight": "ffn_gate", "ffn_up.weight": "ffn_up",
+    "ffn_down.weight": "ffn_down",
+}
+
+
+def read_f32(gf: GGUFFile, name: str) -> np.ndarray:
+    """Tensor `name` of `gf` as float32 in numpy order (dequantized)."""
+    t = gf.tensors[name]
+    raw = np.fromfile(gf.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+    return np.asarray(quants.dequantize(raw, t.type), dtype=np.float32).reshape(tuple(reversed(t.shape)))
+
+
+@dataclass(frozen=True)
+class TrunkParams:
+    """What the head needs to know about the trunk: dims, norms' epsilon, rope."""
+
+    path: Path
+    dims: HeadDims
+    n_trunk: int
+    n_vocab: int
+    eps: float
+    n_rot: int
+    rope_base: float
+    rope_scale: float  # ggml's freq_scale (1 / linear scaling factor)
+    has_head_slot: bool
+    tied_output: bool
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile) -> TrunkParams:
+        if gf.arch != ARCH:
+            raise RefusedError(f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}",
+                               gf.path)
+        lay = gf.layout()
+        if lay.nextn_layers > 1:
+            raise RefusedError(f"has {lay.nextn_layers} head blocks; glm4moe's MTP graph runs exactly one", gf.path)
+        dims = HeadDims.from_gguf(gf)
+        n_rot = int(gf.arch_get("rope.dimension_count", dims.head_dim))
+        factor = gf.arch_get("rope.scaling.factor")
+        scaling = gf.arch_get("rope.scaling.type")
+        if scaling not in (None, "none", "linear"):
+            raise RefusedError(f"rope scaling {scaling!r} is not supported by the trainer's head", gf.path)
+        n_vocab = gf.n_vocab()
+        if n_vocab is None:
+            raise RefusedError("has no token embedding", gf.path)
+        return cls(Path(gf.path), dims, lay.n_trunk, int(n_vocab), float(gf.arch_get("attention.layer_norm_rms_epsilon")),
+                   n_rot, float(gf.arch_get("rope.freq_base", 10000.0)),
+                   1.0 / float(factor) if factor else 1.0, lay.nextn_layers == 1,
+                   "output.weight" not in gf.tensors)
+
+
+class Trunk:
+    """An opened glm4moe GGUF and its frozen tensors (read on demand)."""
+
+    def __init__(self, path: str | Path, gf: GGUFFile | None = None):
+        self.gf = gf if gf is not None else open_gguf(path)
+        self.params = TrunkParams.from_gguf(self.gf)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return read_f32(self.gf, name)
+
+    def embed(self) -> np.ndarray:
+        return self.tensor("token_embd.weight")
+
+    def output(self) -> np.ndarray:
+        """The output matrix (V, E): `output.weight`, or the tied embedding."""
+        return self.tensor("output.weight" if "output.weight" in self.gf.tensors else "token_embd.weight")
+
+    def output_norm(self) -> np.ndarray:
+        return self.tensor("output_norm.weight")
+
+    def last_block(self) -> dict[str, np.ndarray]:
+        """The trunk's last block as the head's short-named weights (same shapes as a head block)."""
+        p = f"blk.{self.params.n_trunk - 1}."
+        out = {short: self.tensor(p + suf) for suf, short in _BLOCK_NAMES.items() if p + suf in self.gf.tensors}
+        if "ffn_gate" not in out:
+            raise RefusedError(f"block {self.params.n_trunk - 1} has no dense FFN to start the head from", self.gf.path)
+        return out
+
+    def head_slot(self) -> dict[str, np.ndarray] | None:
+        """The head block the file already has (short-named), or None."""
+        if not self.params.has_head_slot:
+            return None
+        i = self.params.n_trunk
+        arrays = {n: self.tensor(n) for n in self.gf.tensors if n.startswith(f"blk.{i}.")}
+        return unpack_head_block(arrays, i)
+
+
+def initial_weights(trunk: Trunk, init: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """The head's starting weights: "trunk" (a copy of the trunk's last block, eh_proj = [I | I]),
+    "slot" (the file's own head block) or "random" (glm4moe_head's N(0, 1/fan_in) init)."""
+    from gguf_tools.glm4moe_head import random_weights
+
+    p = trunk.params
+    E = p.dims.n_embd
+    if init == "slot":
+        w = trunk.head_slot()
+        if w is None:
+            raise RefusedError("has no head slot to start from (init 'slot')", trunk.gf.path)
+    elif init == "random":
+        w = random_weights(p.dims, seed)
+    elif init == "trunk":
+        w = random_weights(p.dims, seed)
+        w.update(trunk.last_block())
+        w["eh_proj"] = np.concatenate([np.eye(E, dtype=np.float32), np.eye(E, dtype=np.float32)], axis=1)
+    else:
+        raise ValueError(f"unknown init {init!r} (trunk, slot, random)")
+    w = {k: np.array(v, dtype=np.float32) for k, v in w.items() if k not in ("ffn_gate_shexp", "ffn_up_shexp")}
+    w.setdefault("shared_head_norm", trunk.output_norm())
+    return w
+
+
+__all__ = ["TrunkParams", "Trunk", "read_f32", "initial_weights", "ARCH"]
