@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# llama-cpp-python builds llama.cpp from source the first time (about 6 minutes on 2 cores)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,train]'
 	touch $@
 
 setup: $(BIN)/.installed

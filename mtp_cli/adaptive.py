@@ -1,30 +1,37 @@
 """Choosing the draft length N while generating, and `--spec-draft-n-max auto`.
 
-AdaptiveController: the verify loop calls `step(k, a, t_consumer)` once per step (k = tokens drafted
-by the previous step, a = accepted) and drafts at most the N it returns. Per step that is three
-list increments and a counter; every few steps (`_decide`) the controller folds what it saw into
-running estimates and picks N:
+AdaptiveController: the verify loop calls `step(k, a, t_consumer)` at the start of each step (k =
+tokens the previous step drafted, a = accepted) and drafts at most the N it returns. Per step that
+is a few list increments and a counter, and while drafting is off the loop may skip even that
+(`quiet`). Every few steps (`_decide`) the controller folds what it saw into running estimates:
 
-- cost[N]: seconds per step at N (wall time of the steps, minus the time the consumer held the
+- cost[N]: seconds per step at N (the steps' wall time minus the time the consumer held the
   generator), a decayed average (per-step decay GAMMA_COST) over windows of steps at that N;
-- acc[i]: P(the first i+1 draft tokens are all accepted | drafted), decayed counts (GAMMA_ACC),
-  with no data at i continued geometrically from i-1 (i.i.d. acceptance) and a pessimistic prior
-  of 0 at position 0: drafting is switched on by evidence only;
-- E(N) = 1 + sum_{i<N} acc[i] tokens per step, throughput(N) = E(N) / cost[N].
+- acc[i]: P(the first i+1 drafts are accepted | drafted), decayed counts (GAMMA_ACC) plus
+  PRIOR_WEIGHT pseudo-counts of the geometric continuation from i-1 (of 0 at i = 0: drafting is
+  switched on by evidence only);
+- E(N) = 1 + sum_{i<N} acc[i] tokens per step; throughput(N) = E(N) / cost[N].
 
-N is the measured setting with the highest throughput; N = 0 (plain decoding) when drafting would
-lose. Then `sleep` is set: the runtime stops calling a drafter that can resume cold (the MTP
-drafter restarts its context at the current position), so an off controller costs plain decoding
-plus a counter. Exploration is by single-step probes, at most one per `gap` steps (GAP_MIN doubling
-to GAP_MAX while probes change nothing). While off and the head's first-token hit rate is low or
-unknown, a probe is a shadow step: the head drafts one token that is not verified (the target decodes one token as
-usual) and only compared with the target's token: acceptance evidence for the price of one head
-decode. Otherwise a probe runs the cheapest N whose optimistic throughput -- acceptance
-upper bounds (A+1)/(D+1), which grow back as evidence decays (continued geometrically past the
-positions with evidence), and for an unmeasured N a cost extrapolated at half the measured slope --
-beats the current best, climbing at most one past the largest N measured so far. So a useless head costs one
-probe per few hundred steps, a machine where drafting cannot pay at any acceptance (cost[1] >
-2 cost[0], and so on) stops probing, and a head that becomes useful is found again.
+The rule: N = the measured setting with the highest throughput; N = 0 (plain decoding) when no
+drafting setting beats it. Exploration is by probes, at most one per `gap` steps (GAP_MIN, doubling
+to GAP_MAX while probes change nothing) and, after a probe that changed nothing, not before its
+extra cost is PROBE_BUDGET (1%) of the steps since (unless it came within CLOSE_CALL of the best).
+A probe runs the N with the highest optimistic throughput -- acceptance upper bounds (A+1)/(D+1),
+which grow back as evidence decays (continued geometrically past positions without evidence),
+and for an unmeasured N a cost extrapolated at half the measured slope -- if that beats the best;
+PROBE_STEPS steps, the first untimed (graph rebuilds, catch-up). While drafting is off and the
+head's first-token hit rate is below SHADOW_RATE (or unknown), a probe is a shadow step instead:
+the head drafts one token, the target decodes one token as usual, and only the two are compared,
+which is acceptance evidence for one head decode. So a useless head costs a shadow step now and
+then; a machine where drafting cannot pay at any acceptance stops probing; a head that becomes
+useful is found again.
+
+While off, `sleep` is set unless the head looks useful (hit rate >= SHADOW_RATE) and plain steps
+are long enough (>= SLEEP_BELOW): the runtime then stops calling a drafter that can resume cold
+(the MTP drafter restarts its context at the current position, without the history before it:
+an off controller costs plain decoding plus a counter); otherwise the off drafter stays in step
+(~1% of a small model's decoding: its catch-up rows decoded in batches) and keeps its history,
+which heads that attend over it need to be judged fairly.
 
 `resolve(rt, cfg, controller)` turns "auto" / "adaptive" into a concrete config (+ controller).
 """
@@ -51,6 +58,11 @@ SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the 
 MIN_WEIGHT = 0.5  # cost evidence (decayed steps) below which a setting counts as unmeasured
 SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below this (or unknown), probes are shadow steps
 PROBE_MARGIN = 1.02
+CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budget wait
+PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
+PRIOR_WEIGHT = 0.5  # pseudo-observations behind the acceptance point estimates
+SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
+PROBE_BUDGET = 0.01  # a probe that changes nothing waits until its extra cost is this share of the steps since
 
 
 class AdaptiveController:
@@ -59,10 +71,11 @@ class AdaptiveController:
     costs: relative step costs by N (costs[0] = plain decoding). With measure=False they replace
     measurement entirely (deterministic decisions, for tests and what-if studies); with
     measure=True they only shape the cost of settings not yet measured (e.g. a tuned cost model).
+    may_sleep: None = when plain steps are shorter than SLEEP_BELOW; True / False to force.
     """
 
     def __init__(self, n_max: int = ADAPTIVE_N_MAX, *, costs: Optional[Sequence[float]] = None,
-                 measure: bool = True, start: int = 0):
+                 measure: bool = True, start: int = 0, may_sleep: Optional[bool] = None):
         if n_max < 1:
             raise ValueError("n_max must be >= 1")
         if costs is not None and len(costs) < n_max + 1:
@@ -72,6 +85,7 @@ class AdaptiveController:
         self.n_max = n_max
         L = n_max + 1
         self._costs = [float(c) for c in costs[:L]] if costs is not None else None
+        self._may_sleep_forced = may_sleep
         self._measure = measure
         self._S = [0.0] * L  # decayed sum of step seconds by N
         self._C = [0.0] * L  # decayed step counts by N
@@ -82,17 +96,20 @@ class AdaptiveController:
         start = max(0, min(int(start), n_max))
         self.n = start  # N for the current window
         self.best = start
-        self.sleep = start == 0  # drafting is off: a drafter that can resume cold may skip steps
+        # drafting is off: a drafter that can resume cold may skip steps
+        self.sleep = start == 0 and may_sleep is not False
         self.shadow = False  # this step: draft one token but do not verify it; report shadow_result()
         self.quiet = 0  # after a step() call: the caller may skip this many calls (drafting off: nothing to report)
-        self._probing = False
+        self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
         self._gap = 2 * GAP_MIN if start == 0 else GAP_MIN  # starting off: the first (shadow) probe after 16 steps
+        self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
         self._since = 0  # steps since the last probe
         self._left = WINDOW_START  # step() calls until the next decision
         self._wlen = WINDOW_START  # calls in the current window
         self._skip = 1  # of which the first reports no step (the generation's first call)
         self._t0 = _now()
         self._tc0 = 0.0
+        self._active = False  # between begin() and end()
         # what happened (for reports and tests)
         self.steps_at = [0] * L  # steps run at each N (requested: the loop may draft fewer near the end)
         self.n_probes = 0
@@ -115,7 +132,25 @@ class AdaptiveController:
             self._left = WINDOW_ON
         self._wlen = self._left
         self._skip = 1
-        self.quiet = 0  # (a window cut short by the end of a generation: its skipped steps are not counted)
+        self.quiet = 0
+        self._active = True
+
+    def end(self, quiet_left: int = 0) -> None:
+        """The generation ended with `quiet_left` of the granted skippable steps unused: count the
+        steps of the unfinished window (its time is dropped: begin() restarts the clock)."""
+        if not self._active:  # the generation ended before its first step
+            return
+        self._active = False
+        if self.quiet:
+            used = max(0, self.quiet - quiet_left)
+            self.steps_at[0] += used
+            steps = used + 1
+            self._left = 1  # decide at the next call
+            self.quiet = 0
+        else:
+            steps = max(0, self._wlen - self._left - self._skip + 1)
+        self._since += steps
+        self.steps += steps
 
     def shadow_result(self, hit: bool) -> None:
         """A shadow step's draft token was (hit) or was not the token the target produced."""
@@ -131,7 +166,7 @@ class AdaptiveController:
             self._na[a] += 1
         self._left -= 1
         n = self.n if self._left > 0 else self._decide(t_consumer)
-        self.steps_at[n] += 1
+        self.steps_at[0 if self.shadow else n] += 1  # a shadow step verifies one token: plain decoding
         return n
 
     # -- estimates --------------------------------------------------------------------------------
@@ -143,7 +178,8 @@ class AdaptiveController:
         return self._S[n] / self._C[n] if self._C[n] >= MIN_WEIGHT else None
 
     def acceptance(self) -> list[float]:
-        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1 (pessimistic prior)."""
+        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1: the decayed counts plus
+        PRIOR_WEIGHT pseudo-observations of the geometric continuation from i-1 (0 at i = 0)."""
         out = []
         prev2, prev = 1.0, 1.0
         for i in range(self.n_max):
@@ -151,7 +187,7 @@ class AdaptiveController:
                 extra = 0.0
             else:
                 extra = min(prev, prev * prev / prev2) if prev2 > 0 else 0.0
-            p = (self._A[i] + extra) / (self._D[i] + 1.0)
+            p = (self._A[i] + PRIOR_WEIGHT * extra) / (self._D[i] + PRIOR_WEIGHT)
             p = min(p, prev)
             out.append(p)
             prev2, prev = prev, p
@@ -225,8 +261,11 @@ class AdaptiveController:
                 D[i] *= ga
                 A[i] *= ga
             self._fold_acceptance()
-            if self._measure and not self.shadow:  # a shadow step is plain decoding plus a head decode
-                per = (now - self._t0 - (t_consumer - self._tc0)) / steps
+            per = (now - self._t0 - (t_consumer - self._tc0)) / steps
+            warm_up = self._probing == 1 and not self.shadow  # its time is the switch's, not the setting's
+            if self._probing and not warm_up:
+                self._wait = self._probe_wait(n_win, per)
+            if self._measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
                 S, C = self._S, self._C
                 if C[n_win] >= MIN_WEIGHT:
                     per = min(per, 3.0 * S[n_win] / C[n_win])  # a preempted step is not the setting's cost
@@ -241,6 +280,14 @@ class AdaptiveController:
             self.steps_at[n_win] += self.quiet  # the steps the caller skipped (step() counts the others)
         self._nk = [0] * (L + 1)
         self._na = [0] * (L + 1)
+        if self._probing == 1 and not self.shadow:  # the probe's timed steps follow
+            self._probing = 2
+            self._left = self._wlen = PROBE_STEPS - 1
+            self._skip = 0
+            self.quiet = 0
+            self._t0 = _now()
+            self._tc0 = t_consumer
+            return self.n
 
         thr = self.throughput()
         old = self.best
@@ -251,17 +298,21 @@ class AdaptiveController:
             self.n_switches += 1
             self.changes.append((self.steps, best))
             self._gap = GAP_MIN
+            self._wait = 0.0
         if self._probing:
-            self._probing = False
-            if best == old:  # nothing changed: probe less often (shadow misses: much less)
-                self._gap = min((4 if self.shadow else 2) * self._gap, GAP_MAX)
+            self._probing = 0
+            if best == old:  # nothing changed: probe less often
+                self._gap = min(2 * self._gap, GAP_MAX)
+                t_probe, t_best = thr[n_win], thr[best]
+                if not self.shadow and t_probe and t_best and t_probe >= CLOSE_CALL * t_best:
+                    self._wait = 0.0  # a close call (a few steps say little): look again soon
 
         probe = None
-        if self._since >= self._gap:
+        if self._since >= max(self._gap, self._wait):
             probe = self._probe_candidate(thr)
         self.shadow = False
         if probe is not None:
-            self._probing = True
+            self._probing = 1
             self._since = 0
             self.n = probe
             self._left = 1
@@ -277,8 +328,9 @@ class AdaptiveController:
             if self.best:
                 self._left = WINDOW_ON
             else:
-                self._left = max(self._gap - self._since, 1) if self._since < self._gap else WINDOW_OFF
-        self.sleep = self.best == 0 and self.n == 0
+                due = max(self._gap, self._wait)
+                self._left = max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
+        self.sleep = self.best == 0 and self.n == 0 and self._may_sleep()
         self._wlen = self._left
         self._skip = 0
         self.quiet = 0
@@ -289,26 +341,59 @@ class AdaptiveController:
         self._tc0 = t_consumer
         return self.n
 
+    def _may_sleep(self) -> bool:
+        """Keeping an off drafter in step (its catch-up rows queued and decoded in batches: ~1% of a
+        small model's plain decoding) keeps the head's history, so probes see its real acceptance
+        (after a cold restart a head that attends over its history reads low). Worth it for a head
+        that looks useful, unless plain steps are so short that it shows (tiny models); a head that
+        hits less than SHADOW_RATE (or not yet probed) sleeps."""
+        if self._may_sleep_forced is not None:
+            return self._may_sleep_forced
+        if not self._measure:
+            return True
+        c0 = self.cost(0)
+        if c0 is None or c0 < SLEEP_BELOW:
+            return True
+        d0 = self._D[0]
+        return d0 <= 0.0 or self._A[0] / d0 < SHADOW_RATE
+
+    def _probe_wait(self, n: int, per: float) -> float:
+        """Steps before the next probe so that probes cost at most PROBE_BUDGET of the time: this
+        probe's extra cost over a step at the best N, in steps, divided by the budget."""
+        base = self.cost(self.best)
+        if not base:
+            return 0.0
+        if self._measure:
+            c = min(per, 3.0 * base)
+        elif self.shadow:
+            return 0.0  # (fixed costs say nothing about a shadow step)
+        else:
+            c = self._costs[n]  # type: ignore[index]
+        return max(0.0, c / base - 1.0) / PROBE_BUDGET
+
     def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
-        base = thr[self.best]
-        if base is None:
-            base = 0.0
+        """The N with the highest optimistic throughput, if that beats the best's estimate (an
+        unmeasured N = 0 first: its cost is the baseline)."""
+        base = thr[self.best] or 0.0
         measured = [self.cost(n) for n in range(self.n_max + 1)]
-        top = max((n for n in range(self.n_max + 1) if measured[n] is not None), default=-1)
         up = self.acceptance_upper()
+        pick, top = None, base * PROBE_MARGIN
         e = 1.0
-        for n in range(min(top + 1, self.n_max) + 1):  # cheapest first, at most one past the largest measured N
+        for n in range(self.n_max + 1):
             if n:
                 e += up[n - 1]
             if n == self.best:
                 continue
             c = self._cost_optimistic(n, measured)
-            if c <= 0.0 or e / c > base * PROBE_MARGIN:
+            if c <= 0.0:
                 return n
-        return None
+            if e / c > top:
+                pick, top = n, e / c
+        return pick
 
     def summary(self) -> dict[str, Any]:
-        return {"n": self.best, "steps_at": list(self.steps_at), "probes": self.n_probes, "shadow_probes": self.n_shadow,
+        return {"n": self.best, "steps_at": list(self.steps_at), "probes": self.n_probes,
+                "shadow_probes": self.n_shadow,
                 "switches": self.n_switches, "acceptance": [round(x, 4) for x in self.acceptance()],
                 "cost": [self.cost(n) for n in range(self.n_max + 1)]}
 

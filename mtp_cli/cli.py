@@ -118,7 +118,8 @@ class DraftNMax(click.ParamType):
                    "[default: none; mtp with --spec-draft-n-max auto/adaptive]")
 @click.option("--spec-draft-n-max", type=DraftNMax(), default=3, show_default=True,
               help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
-                   "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance and costs.")
+                   "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
+                   "and costs.")
 @click.option("--spec-draft-n-min", default=0, show_default=True, help="Drafts shorter than this are not verified.")
 @click.option("--spec-draft-p-min", default=0.0, show_default=True, help="Stop drafting below this probability.")
 @click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
@@ -204,7 +205,8 @@ def _prompt_texts(prompts: Path | None) -> list[str] | None:
 
 
 @main.command()
-@click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path), help="Target GGUF (with an MTP head).")
+@click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path),
+              help="Target GGUF (with an MTP head).")
 @click.option("-md", "--model-draft", type=click.Path(path_type=Path), help="MTP sidecar.")
 @click.option("--prompts", type=click.Path(path_type=Path), help="Prompts, one per line [default: built-in].")
 @click.option("--budget", type=float, default=60.0, show_default=True, help="Seconds to spend measuring.")
@@ -423,9 +425,13 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
               help="Text file for teacher-forced passes (repeatable; documents split at two blank lines).")
 @click.option("--prompts", type=click.Path(path_type=Path),
               help="Prompts, one per line, answered greedily by the trunk (chat template applied when the model has one).")
-@click.option("--minutes", type=float, default=10.0, show_default=True, help="Training time (after data collection).")
+@click.option("--minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Training time (after data collection); 0 re-exports the checkpoint in --work.")
 @click.option("--head-type", type=click.Choice(["f16", "q8_0"]), default="f16", show_default=True,
               help="Type of the head block's matrices in OUT.")
+@click.option("--own-output", type=click.Choice(["q4_0", "q8_0", "none"]), default="q4_0", show_default=True,
+              help="Give the head its own full-vocabulary output matrix of this type (a copy of the trunk's; "
+                   "Q4_0 halved the draft step on SmolLM2) or none (read the trunk's).")
 @click.option("--sidecar", is_flag=True, help="Write OUT as an MTP-only sidecar (use it with -md) instead of trunk + head.")
 @click.option("-s", "--seed", type=int, default=0, show_default=True)
 @click.option("-t", "--threads", type=int, default=1, show_default=True)
@@ -435,7 +441,7 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
 @click.option("--work", type=click.Path(path_type=Path), default=None,
               help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
 def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
-          head_type: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
+          head_type: str, own_output: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
           work: Path | None) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
@@ -449,7 +455,7 @@ def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prom
     from mtp_cli.train.pipeline import TrainJob, run_train
 
     job = TrainJob(model=model, out=out, texts=texts, prompts=prompts, minutes=minutes, head_type=head_type,
-                   sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts, n_threads=threads,
+                   own_output=None if own_output == "none" else own_output, sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts, n_threads=threads,
                    overwrite=overwrite)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -464,8 +470,8 @@ def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prom
 
         def on_train(p) -> None:
             if "train" not in tasks:
-                tasks["train"] = bar.add_task("training", total=p.budget_s, info="")
-            bar.update(tasks["train"], completed=p.budget_s if p.final else p.elapsed_s,
+                tasks["train"] = bar.add_task("training", total=p.budget_s if p.budget_s < float("inf") else None, info="")
+            bar.update(tasks["train"], completed=p.elapsed_s,
                        info=f"step {p.step}, loss {p.loss:.3f}, held-out top-1 {pct(p.heldout_top1)}"
                             f" (step 2 {pct(p.heldout_top1_step2)}), {p.steps_per_s:.2f} steps/s")
 

@@ -415,5 +415,6 @@ def add_overheads(cm: CostModel, results: dict[int, GenStats], plain: Optional[G
     return cm
 
 
-__all__ = ["PROMPTS", "read_prompts", "pool", "RunResult", "run_setting", "median_run", "Setting", "interleaved", "CostModel",
+__all__ = ["PROMPTS", "read_prompts", "pool", "RunResult", "run_setting", "median_run", "Setting", "interleaved",
+           "CostModel",
            "expected_tokens", "solve_alpha", "measure_costs", "add_overheads"]

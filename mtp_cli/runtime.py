@@ -433,7 +433,8 @@ class Runtime:
 
     # -- generation --------------------------------------------------------------------------------
 
-    def generate(self, prompt_tokens: Sequence[int], config: GenConfig, *, controller: Any = None) -> Iterator[TokenEvent]:
+    def generate(self, prompt_tokens: Sequence[int], config: GenConfig, *,
+                 controller: Any = None) -> Iterator[TokenEvent]:
         """Validate, then return a generator of TokenEvents. Statistics: `self.stats` (live, final
         once the generator ends; also the generator's return value). A KeyboardInterrupt while
         generating ends the generator normally with stop_reason "interrupted"; closing the
@@ -496,6 +497,7 @@ class Runtime:
         drafted_at, accepted_at = stats.drafted_at, stats.accepted_at
         t_start = _now()
         t_consumer = 0.0
+        quiet = 0  # steps the adaptive controller lets the loop skip asking it about
         try:
             if n_predict == 0:
                 stats.stop_reason = "n_predict"
@@ -531,7 +533,6 @@ class Runtime:
             sleepy = ctl is not None and drafter.can_sleep
             asleep = False
             k = a = -1
-            quiet = 0
             shadow = None
             if ctl is not None:
                 ctl.begin(t_consumer)
@@ -627,6 +628,8 @@ class Runtime:
             stats.t_consumer = t_consumer
             stats.t_draft_decode = drafter.t_decode
             stats.n_draft_decode = drafter.n_decode
+            if ctl is not None:
+                ctl.end(quiet)
             sampler.close()
 
 

@@ -273,6 +273,11 @@ def test_adaptive_greedy_equals_plain(models, arch):
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp", draft_n_max="adaptive"),
                       controller=ctl) == ref
         assert ctl.n_shadow >= 2 and ctl.n_probes == 0 and ctl.best == 0  # shadow probes only
+        # off but kept in step (what longer plain steps get): same tokens
+        ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, may_sleep=False)
+        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp", draft_n_max="adaptive"),
+                      controller=ctl) == ref
+        assert ctl.n_shadow >= 2 and not ctl.sleep
 
 
 def test_adaptive_decisions_useless_vs_perfect_head(models):

@@ -92,9 +92,12 @@ class MtpHead(nn.Module):
         emb = trunk.embed()
         out = emb if trunk.params.tied_output else trunk.output()
         act = None
-        if ggml_rounding and "shared_head_head" not in weights:
-            t = trunk.gf.tensors["token_embd.weight" if trunk.params.tied_output else "output.weight"]
-            act = _ACT_ROUNDING.get(t.type.name)
+        if ggml_rounding:
+            own = f"blk.{trunk.params.n_trunk}.nextn.shared_head_head.weight"
+            name = own if "shared_head_head" in weights else (
+                "token_embd.weight" if trunk.params.tied_output else "output.weight")
+            t = trunk.gf.tensors.get(name)
+            act = _ACT_ROUNDING.get(t.type.name) if t is not None else None
         return cls(trunk.params, weights, emb, out, trunk.output_norm(), fast_output=fast_output, output_act=act)
 
     def has(self, name: str) -> bool:

@@ -31,8 +31,9 @@ class TrainJob:
     out: Path
     texts: Sequence[Path] = ()  # text files for teacher-forced passes
     prompts: Path | None = None  # one prompt per line (answered greedily by the trunk)
-    minutes: float = 10.0  # training budget (collection runs to the end of the sources first)
+    minutes: float = 10.0  # training budget (collection runs to the end of the sources first); 0: export only
     head_type: str = "f16"
+    own_output: str | None = "q4_0"  # head-owned output matrix (export.OWN_OUTPUT_TYPES) or None: the trunk's
     sidecar: bool = False  # write an MTP-only sidecar instead of the packed model
     seed: int = 0
     work: Path | None = None
@@ -96,13 +97,15 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
               on_train: Callable[[object], None] | None = None,
               should_stop: Callable[[], bool] | None = None) -> JobResult:
     torch = require_torch()  # fail before any work
-    from mtp_cli.train.export import HEAD_TYPES, export_model, write_sidecar
+    from mtp_cli.train.export import HEAD_TYPES, OWN_OUTPUT_TYPES, export_model, write_sidecar
     from mtp_cli.train.head import MtpHead
     from mtp_cli.train.trainer import TrainConfig, Trainer
     from mtp_cli.train.trunk import Trunk, initial_weights
 
     if job.head_type not in HEAD_TYPES:
         raise RefusedError(f"unknown head type {job.head_type!r} ({', '.join(HEAD_TYPES)})")
+    if job.own_output is not None and job.own_output not in OWN_OUTPUT_TYPES:
+        raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
     check_output(job.out, [job.model], job.overwrite)
     stage = on_stage or (lambda s: None)
     torch.set_num_threads(max(1, job.n_threads))
@@ -121,8 +124,10 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
         raise KeyboardInterrupt
 
     stage("train")
-    tcfg = job.train if job.train is not None else TrainConfig(minutes=job.minutes, seed=job.seed,
-                                                                n_threads=job.n_threads)
+    if job.minutes < 0:
+        raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
+    tcfg = job.train if job.train is not None else TrainConfig(
+        minutes=job.minutes, seed=job.seed, n_threads=job.n_threads, max_steps=None if job.minutes > 0 else 0)
     head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast_output=True)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)
@@ -130,9 +135,9 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     stage("export")
     weights = head.weights()
     if job.sidecar:
-        write_sidecar(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite)
+        write_sidecar(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
     else:
-        export_model(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite)
+        export_model(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
     return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, ccfg.heldout))
 
 
