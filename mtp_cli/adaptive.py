@@ -104,10 +104,11 @@ class AdaptiveController:
         self._gap = 2 * GAP_MIN if start == 0 else GAP_MIN  # starting off: the first (shadow) probe after 16 steps
         self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
         self._since = 0  # steps since the last probe
-        self._left = WINDOW_START  # step() calls until the next decision
-        self._wlen = WINDOW_START  # calls in the current window
-        self._skip = 1  # of which the first reports no step (the generation's first call)
-        self._t0 = _now()
+        # step counts are totals over generations: base (completed before this generation) + done
+        self._base = 0
+        self._w0 = 0  # the total at which the current window's uncounted steps start
+        self._due = WINDOW_START  # the total at which the next decision is due
+        self._t0 = _now()  # the window's clock (restarted by begin: a partial window's time is dropped)
         self._tc0 = 0.0
         self._active = False  # between begin() and end()
         # what happened (for reports and tests)
@@ -121,36 +122,31 @@ class AdaptiveController:
     # -- the per-step interface -----------------------------------------------------------------
 
     def begin(self, t_consumer: float = 0.0) -> None:
-        """A generation starts (its steps follow): restart the timing window."""
+        """A generation starts (its steps follow): restart the window's clock."""
         if any(self._nk):
             self._fold_acceptance()  # keep what the last generation's partial window saw (not its time)
         self._nk = [0] * (self.n_max + 2)
         self._na = [0] * (self.n_max + 2)
         self._t0 = _now()
         self._tc0 = t_consumer
-        if self._left > WINDOW_ON and not self.sleep:
-            self._left = WINDOW_ON
-        self._wlen = self._left
-        self._skip = 1
-        self.quiet = 0
+        if not self.sleep:
+            self._due = min(self._due, self._base + WINDOW_ON)
+        # the first call (done = 0) answers from the fast path: let the caller skip to the decision
+        self.quiet = max(0, self._due - self._base - 1) if self.sleep else 0
         self._active = True
 
-    def end(self, quiet_left: int = 0) -> None:
-        """The generation ended with `quiet_left` of the granted skippable steps unused: count the
-        steps of the unfinished window (its time is dropped: begin() restarts the clock)."""
-        if not self._active:  # the generation ended before its first step
+    def end(self, done: int) -> None:
+        """The generation ended after `done` steps: count the unfinished window's steps (its time is
+        dropped: begin() restarts the clock)."""
+        if not self._active:  # it ended before its first step
             return
         self._active = False
-        if self.quiet:
-            used = max(0, self.quiet - quiet_left)
-            self.steps_at[0] += used
-            steps = used + 1
-            self._left = 1  # decide at the next call
-            self.quiet = 0
-        else:
-            steps = max(0, self._wlen - self._left - self._skip + 1)
+        total = self._base + done
+        steps = max(0, total - self._w0)
+        self.steps_at[self.n if not self.shadow else 0] += steps
         self._since += steps
         self.steps += steps
+        self._w0 = self._base = total
 
     def shadow_result(self, hit: bool) -> None:
         """A shadow step's draft token was (hit) or was not the token the target produced."""
@@ -158,16 +154,16 @@ class AdaptiveController:
         if hit:
             self._na[1] += 1
 
-    def step(self, k: int, a: int, t_consumer: float) -> int:
-        """Report the previous step (k drafted, a accepted; anything <= 0 before the first) and get N.
-        Afterwards `quiet` calls may be skipped (the caller keeps N = 0 and reports nothing)."""
+    def step(self, k: int, a: int, t_consumer: float, done: int) -> int:
+        """Report the previous step (k drafted, a accepted; anything <= 0 before the first; `done`
+        steps of this generation completed) and get N for the next. Afterwards `quiet` calls may be
+        skipped (the caller keeps N and reports nothing: drafting is off)."""
         if k > 0:
             self._nk[k] += 1
             self._na[a] += 1
-        self._left -= 1
-        n = self.n if self._left > 0 else self._decide(t_consumer)
-        self.steps_at[0 if self.shadow else n] += 1  # a shadow step verifies one token: plain decoding
-        return n
+        if self._base + done < self._due:
+            return self.n
+        return self._decide(t_consumer, self._base + done)
 
     # -- estimates --------------------------------------------------------------------------------
 
@@ -249,10 +245,10 @@ class AdaptiveController:
             c += na[j]
             A[j - 1] += c
 
-    def _decide(self, t_consumer: float) -> int:
+    def _decide(self, t_consumer: float, total: int) -> int:
         now = _now()
         L = self.n_max + 1
-        steps = self._wlen - self._skip
+        steps = total - self._w0  # since the window started, or this generation did (the clock's start)
         n_win = self.n
         if steps:
             ga = GAMMA_ACC ** steps
@@ -277,13 +273,13 @@ class AdaptiveController:
                 C[n_win] += steps
             self.steps += steps
             self._since += steps
-            self.steps_at[n_win] += self.quiet  # the steps the caller skipped (step() counts the others)
+            self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
         self._nk = [0] * (L + 1)
         self._na = [0] * (L + 1)
+        self._w0 = total
         if self._probing == 1 and not self.shadow:  # the probe's timed steps follow
             self._probing = 2
-            self._left = self._wlen = PROBE_STEPS - 1
-            self._skip = 0
+            self._due = total + PROBE_STEPS - 1
             self.quiet = 0
             self._t0 = _now()
             self._tc0 = t_consumer
@@ -315,7 +311,7 @@ class AdaptiveController:
             self._probing = 1
             self._since = 0
             self.n = probe
-            self._left = 1
+            window = 1
             d0 = self._D[0]
             if probe and self.best == 0 and (d0 <= 0.0 or self._A[0] / d0 < SHADOW_RATE):
                 self.shadow = True  # is the head any good? costs plain decoding plus one head decode
@@ -326,17 +322,13 @@ class AdaptiveController:
         else:
             self.n = self.best
             if self.best:
-                self._left = WINDOW_ON
+                window = WINDOW_ON
             else:
                 due = max(self._gap, self._wait)
-                self._left = max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
+                window = max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
         self.sleep = self.best == 0 and self.n == 0 and self._may_sleep()
-        self._wlen = self._left
-        self._skip = 0
-        self.quiet = 0
-        if self.sleep and self._left > 1:  # the caller skips the calls until the next decision
-            self.quiet = self._left - 1
-            self._left = 1
+        self._due = total + window
+        self.quiet = window - 1 if self.sleep else 0  # the caller skips the calls until the next decision
         self._t0 = _now()
         self._tc0 = t_consumer
         return self.n

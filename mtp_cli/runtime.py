@@ -497,7 +497,7 @@ class Runtime:
         drafted_at, accepted_at = stats.drafted_at, stats.accepted_at
         t_start = _now()
         t_consumer = 0.0
-        quiet = 0  # steps the adaptive controller lets the loop skip asking it about
+        quiet = step = 0  # (quiet: steps the adaptive controller lets the loop skip asking it about)
         try:
             if n_predict == 0:
                 stats.stop_reason = "n_predict"
@@ -549,7 +549,7 @@ class Runtime:
                     if quiet:  # drafting is off until the controller's next decision
                         quiet -= 1
                     else:
-                        n_max = ctl.step(k, a, t_consumer)
+                        n_max = ctl.step(k, a, t_consumer, step)
                         quiet = ctl.quiet
                 k_max = min(n_max, room - 1, n_predict - emitted - 1)
                 if sleepy and ctl.sleep and k_max <= 0:
@@ -629,7 +629,7 @@ class Runtime:
             stats.t_draft_decode = drafter.t_decode
             stats.n_draft_decode = drafter.n_decode
             if ctl is not None:
-                ctl.end(quiet)
+                ctl.end(step)
             sampler.close()
 
 

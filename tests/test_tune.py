@@ -198,12 +198,12 @@ def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0) -
     k = a = -1
     quiet = 0
     ctl.begin(0.0)
-    for _ in range(steps):
+    for done in range(steps):
         if quiet:  # as the runtime: calls may be skipped while drafting is off
             quiet -= 1
             k = a = 0
             continue
-        n = ctl.step(k, a, 0.0)
+        n = ctl.step(k, a, 0.0, done)
         quiet = ctl.quiet
         if ctl.shadow:  # the runtime drafts one token, verifies none, reports the comparison
             ctl.shadow_result(rng.random() < alpha)
@@ -213,6 +213,7 @@ def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0) -
         a = 0
         while a < k and rng.random() < alpha:
             a += 1
+    ctl.end(steps)
 
 
 def test_controller_off_for_a_useless_head_and_probes_rarely():
