@@ -15,7 +15,7 @@ is a few list increments and a counter, and while drafting is off the loop may s
 The rule: N = the measured setting with the highest throughput; N = 0 (plain decoding) when no
 drafting setting beats it. Exploration is by probes, at most one per `gap` steps (GAP_MIN, doubling
 to GAP_MAX while probes change nothing) and, after a probe that changed nothing, not before its
-extra cost is PROBE_BUDGET (1%) of the steps since (unless it came within CLOSE_CALL of the best).
+extra cost is PROBE_BUDGET (0.5%) of the steps since (unless it came within CLOSE_CALL of the best).
 A probe runs the N with the highest optimistic throughput -- acceptance upper bounds (A+1)/(D+1),
 which grow back as evidence decays (continued geometrically past positions without evidence),
 and for an unmeasured N a cost extrapolated at half the measured slope -- if that beats the best;
@@ -51,7 +51,7 @@ ADAPTIVE_N_MAX = 8  # upper bound of N for "adaptive" (and "auto" without a prof
 GAMMA_ACC = 0.99  # per step: acceptance evidence halves in ~69 steps
 GAMMA_COST = 0.998  # per step: cost evidence halves in ~350 steps
 WINDOW_ON = 8  # steps between decisions while drafting
-WINDOW_OFF = 64  # steps between decisions while off and no probe is worth it
+WINDOW_OFF = 128  # steps between decisions while off and no probe is worth it
 WINDOW_START = 4
 GAP_MIN, GAP_MAX = 8, 512  # steps between probes
 SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the measured slope
@@ -62,7 +62,7 @@ CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budg
 PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
 PRIOR_WEIGHT = 0.5  # pseudo-observations behind the acceptance point estimates
 SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
-PROBE_BUDGET = 0.01  # a probe that changes nothing waits until its extra cost is this share of the steps since
+PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
 
 
 class AdaptiveController:
@@ -107,7 +107,7 @@ class AdaptiveController:
         # step counts are totals over generations: base (completed before this generation) + done
         self._base = 0
         self._w0 = 0  # the total at which the current window's uncounted steps start
-        self._due = WINDOW_START  # the total at which the next decision is due
+        self._due = self._gap if start == 0 else WINDOW_START  # the total at which the next decision is due
         self._t0 = _now()  # the window's clock (restarted by begin: a partial window's time is dropped)
         self._tc0 = 0.0
         self._active = False  # between begin() and end()
@@ -284,6 +284,9 @@ class AdaptiveController:
             self._t0 = _now()
             self._tc0 = t_consumer
             return self.n
+        due = max(self._gap, self._wait)
+        if n_win == 0 and self.best == 0 and not self._probing and self._since < due:
+            return self._next_window(max(int(due - self._since), 1), t_consumer, total)  # off, no probe due yet
 
         thr = self.throughput()
         old = self.best
@@ -327,6 +330,9 @@ class AdaptiveController:
                 due = max(self._gap, self._wait)
                 window = max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
         self.sleep = self.best == 0 and self.n == 0 and self._may_sleep()
+        return self._next_window(window, t_consumer, total)
+
+    def _next_window(self, window: int, t_consumer: float, total: int) -> int:
         self._due = total + window
         self.quiet = window - 1 if self.sleep else 0  # the caller skips the calls until the next decision
         self._t0 = _now()
