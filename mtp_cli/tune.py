@@ -206,11 +206,12 @@ def tune(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Opti
         sec_per_tok: dict[str, float] = {c.name: t_tok / (c.predicted or 0.8) for c in alive}
         sec_per_tok["off"] = cm.t_ms / 1e3 * cm.plain_cost
         n_rep = max(1, repeats)
+        wall_factor = 1.3  # rung wall time / generation time (prompts, contexts...), measured after each rung
         plain_stats: GenStats = s_plain
         mtp_stats: dict[int, GenStats] = {n_max: s_top}
         while True:
             remaining = deadline - _now()
-            est = sum(sec_per_tok[c.name] for c in alive) * tokens * n_rep * 1.15
+            est = sum(sec_per_tok[c.name] for c in alive) * tokens * n_rep * wall_factor * 1.1
             if est > remaining:
                 if rung == 0:  # the first rung must run: shrink it to fit
                     scale = remaining / max(est, 1e-9)
@@ -226,11 +227,17 @@ def tune(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Opti
                     c.status = "measuring"
             emit("rung", f"rung {rung + 1}: {len(alive)} settings x {n_rep} repeats x {tokens} tokens")
 
+            t_rung = _now()
+            gen_s = [0.0]
+
             def on_run(name: str, r: int, st: GenStats) -> None:
+                gen_s[0] += st.t_gen
                 emit("measure", f"rung {rung + 1}, repeat {r + 1}: {name} {st.tokens_per_second:.1f} tok/s")
 
             out = interleaved(rt, jobs, settings, n_rep, on_run=on_run,
                               deadline=deadline if rung == 0 else None)
+            if gen_s[0] > 0:
+                wall_factor = max(1.0, (_now() - t_rung) / gen_s[0])
             for c in alive:
                 r = out[c.name]
                 if c.spec_type == "none":
