@@ -19,7 +19,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 demo: setup
-	$(BIN)/python -m mtp_cli.demo
+	$(BIN)/mtp-cli generate
 
 bench: setup
 	$(BIN)/python benchmarks/pack_bench.py

@@ -2,10 +2,14 @@
 
     python benchmarks/spec_bench.py -m MODEL.gguf [-md SIDECAR] [--n-max 8] [--repeats 3] [-n 64] [-t 2]
     python benchmarks/spec_bench.py --tiny glm4moe          # a tiny structured model built on the fly
+    python benchmarks/spec_bench.py -m M -md HEAD --chat --prompts mtp_cli/train/prompts/eval_prompts.txt \
+        --n-max 4 --predict                                  # + the cost model's predicted ratio per N
 
 Greedy decoding over the same prompts for every setting; each cell is the median over repeats of
 the total tokens / total generation seconds across prompts (settings interleaved repeat by repeat,
-mtp_cli.measure). Prints a table and writes JSON. (`mtp-cli bench` is the product's version:
+mtp_cli.measure). Prints a table and writes JSON. With --predict it also measures the machine's decode
+costs directly (T, v(N), c: mtp_cli.measure.measure_costs) and prints the speed ratio those costs and
+each row's measured acceptance predict, beside the measured one: a gap means time lost in the loop. (`mtp-cli bench` is the product's version:
 none, ngram, mtp N=1..4, auto and adaptive.)
 """
 
@@ -43,6 +47,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-ngram", action="store_true")
     ap.add_argument("--adaptive", action="store_true", help="also an adaptive row (fresh controller per repeat)")
+    ap.add_argument("--predict", action="store_true", help="measure the cost model; print predicted ratios")
+    ap.add_argument("--tune", action="store_true",
+                    help="first run tune (default budget, profile not saved) on the same prompts; its pick joins "
+                         "the sweep, and its speed is reported against the best fixed setting")
     ap.add_argument("--json", type=Path, default=Path("spec_bench.json"))
     args = ap.parse_args()
     if (args.model is None) == (args.tiny is None):
@@ -51,6 +59,15 @@ def main() -> None:
     model = args.model or tiny_model(args.tiny, Path(tmp.name))
     texts = PROMPTS if args.prompts is None else read_prompts(args.prompts)
     base = GenConfig(n_predict=args.n_predict, n_threads=args.threads, temp=0.0, n_ctx=2048)
+    picked = None
+    if args.tune:
+        if args.chat:
+            ap.error("--tune measures raw prompts (as tune does): drop --chat")
+        from mtp_cli.tune import tune
+
+        tr = tune(model, args.model_draft, prompts=texts, n_threads=args.threads, save=False)
+        picked = tr.best
+        print(f"tune: {tr.elapsed:.1f} s (budget {tr.budget:g} s), picked {picked.name}", flush=True)
     with Runtime(model, spec_type="mtp", draft_model=args.model_draft) as rt:
         if args.chat:
             from gguf_tools.gguf_file import open_gguf
@@ -64,6 +81,8 @@ def main() -> None:
                      for n in range(1, args.n_max + 1)]
         if not args.no_ngram:
             settings.append(Setting("ngram N=3", replace(base, spec_type="ngram", draft_n_max=3)))
+        if picked is not None:
+            settings.append(Setting(f"tune:{picked.name}", picked.config(base)))
         if args.adaptive:
             from mtp_cli.adaptive import AdaptiveController
 
@@ -81,11 +100,44 @@ def main() -> None:
             print(f"{s.name:12}{r['tokens_per_second']:9.1f}{ratio:8.2f}{r['acceptance']:8.2f}"
                   f"{r['mean_accepted_per_pass']:9.2f}{r['tokens_per_pass']:9.2f}{r['target_decode_ms_per_step']:8.2f}"
                   f"{r['draft_decode_ms_per_step']:8.2f}{r['python_overhead_ms_per_step']:7.3f}  {by_pos}", flush=True)
+        cost = predict(rt, base, prompts, settings, rows, args.n_max) if args.predict else None
+    if picked is not None:
+        fixed = {s.name: rows[s.name]["tokens_per_second"] for s in settings
+                 if s.name == "none" or (s.name.startswith("mtp N=") and s.controller_factory is None)}
+        best = max(fixed, key=fixed.get)
+        got = rows[f"tune:{picked.name}"]["tokens_per_second"]
+        print(f"\ntune's pick {picked.name}: {got:.1f} tok/s; best fixed setting {best}: {fixed[best]:.1f} tok/s "
+              f"-> {got / fixed[best]:.3f}x")
+        rows["tune_check"] = {"picked": picked.name, "picked_tps": got, "best_fixed": best,
+                              "best_fixed_tps": fixed[best], "ratio": got / fixed[best]}
     out = {"model": str(args.model or f"tiny {args.tiny}"), "threads": args.threads, "n_predict": args.n_predict,
-           "repeats": args.repeats, "prompts": len(prompts), "settings": rows}
+           "repeats": args.repeats, "prompts": len(prompts), "settings": rows, "cost_model": cost}
     args.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")
     tmp.cleanup()
+
+
+def predict(rt: Runtime, base: GenConfig, prompts: list[list[int]], settings: list[Setting], rows: dict,
+            n_max: int) -> dict:
+    """The cost model (decode times only, no loop overhead) and its predicted ratio for each mtp row."""
+    from mtp_cli.measure import measure_costs
+
+    cm = measure_costs(rt, replace(base, spec_type="mtp"), n_max, prompts[0], rounds=5)
+    T = cm.t_ms
+    print(f"\ncost model: plain token T = {T:.2f} ms; draft step c = {cm.draft:.3f} T ({cm.draft * T:.2f} ms)")
+    print(f"{'N':>3}{'verify N+1':>12}{'ms':>8}{'tok/pass':>10}{'predicted':>11}{'measured':>10}{'gap':>8}")
+    out = {"t_ms": T, "verify": cm.verify, "draft": cm.draft, "draft_rows": cm.draft_rows, "rows": {}}
+    none = rows["none"]["tokens_per_second"]
+    for s in settings:
+        if s.config.spec_type != "mtp" or not isinstance(s.config.draft_n_max, int):
+            continue
+        n, r = s.config.draft_n_max, rows[s.name]
+        pred = cm.ratio(n, r["acceptance_by_pos"])
+        meas = r["tokens_per_second"] / none
+        out["rows"][s.name] = {"n": n, "verify": cm.verify[n], "predicted_ratio": pred, "measured_ratio": meas}
+        print(f"{n:3d}{cm.verify[n]:11.2f}T{cm.verify[n] * T:8.2f}{r['tokens_per_pass']:10.2f}{pred:10.2f}x"
+              f"{meas:9.2f}x{(meas - pred) / pred:+8.1%}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ position p, from token x_p and h = the trunk's hidden state of position p-1 take
 The block's FFN must be glm4moe's MoE (the loader makes every block >= leading_dense_block_count
 MoE, and graph_mtp asserts ffn_gate_inp). With ONE routed expert (e) carrying the MLP and
 `expert_weights_norm = true`, the expert weight is w = sigmoid(r)/sigmoid(r) = 1 exactly whatever
-the router says (the router is written as zeros, `exp_probs_b` too); the shared expert's down
-projection is zero, so it adds exactly 0. The block is therefore an ordinary dense SwiGLU block.
+the router says (the router is written as zeros, `exp_probs_b` too). The shared expert (s) always
+runs (graph_mtp adds it unconditionally): with its down projection zero it adds exactly 0 and the
+block is an ordinary dense SwiGLU block; trained, it is a second half of the same MLP (e and s read
+the same y), i.e. a SwiGLU of twice the width for the compute already being paid for.
 
 Weights are given by short names in numpy (torch) order, (out, in):
 
@@ -24,7 +26,7 @@ Weights are given by short names in numpy (torch) order, (out, in):
     attn_q_norm (D), attn_k_norm (D)             only when dims.qk_norm
     attn_q.bias (Hq*D), attn_k.bias, attn_v.bias (Hkv*D)   only when dims.qkv_bias
     post_attention_norm (E)  ffn_gate (F, E)  ffn_up (F, E)  ffn_down (E, F)
-    ffn_gate_shexp (F, E)  ffn_up_shexp (F, E)   optional; their down projection is always zero
+    ffn_gate_shexp (F, E)  ffn_up_shexp (F, E)  ffn_down_shexp (E, F)   optional (down: zeros if absent)
     eh_proj (E, 2E)  enorm (E)  hnorm (E)
     embed_tokens (V, E)  shared_head_head (V, E)  shared_head_norm (E)   optional
 
@@ -55,8 +57,9 @@ _NAMES = {
     "embed_tokens": "nextn.embed_tokens.weight", "shared_head_head": "nextn.shared_head_head.weight",
     "shared_head_norm": "nextn.shared_head_norm.weight",
 }
-_OPTIONAL = ("embed_tokens", "shared_head_head", "shared_head_norm", "ffn_gate_shexp", "ffn_up_shexp")
-WEIGHT_NAMES: tuple[str, ...] = (*_NAMES, "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp")
+SHEXP = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+_OPTIONAL = ("embed_tokens", "shared_head_head", "shared_head_norm", *SHEXP)
+WEIGHT_NAMES: tuple[str, ...] = (*_NAMES, "ffn_gate", "ffn_up", "ffn_down", *SHEXP)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class HeadDims:
         s: dict[str, tuple[int, ...]] = {
             "attn_norm": (E,), "attn_q": (q, E), "attn_k": (kv, E), "attn_v": (kv, E), "attn_output": (E, q),
             "post_attention_norm": (E,), "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F),
-            "ffn_gate_shexp": (F, E), "ffn_up_shexp": (F, E), "eh_proj": (E, 2 * E), "enorm": (E,), "hnorm": (E,),
+            "ffn_gate_shexp": (F, E), "ffn_up_shexp": (F, E), "ffn_down_shexp": (E, F), "eh_proj": (E, 2 * E), "enorm": (E,), "hnorm": (E,),
             "shared_head_norm": (E,),
         }
         if self.qk_norm:
@@ -101,12 +104,13 @@ class HeadDims:
 
 
 def single_expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-                      gate_shexp: np.ndarray | None = None, up_shexp: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                      gate_shexp: np.ndarray | None = None, up_shexp: np.ndarray | None = None,
+                      down_shexp: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """A dense SwiGLU MLP (gate, up: (F, E); down: (E, F)) as glm4moe's MoE FFN, by tensor suffix.
 
     One routed expert carries the MLP; a zero router and zero exp_probs_b (with sigmoid gating and
-    expert_weights_norm the weight is exactly 1 anyway); the shared expert's down projection is zero
-    (its gate/up default to zeros too: give them to train it as extra capacity).
+    expert_weights_norm the weight is exactly 1 anyway); the shared expert is zero unless given
+    (trained, it is the second half of a 2F-wide MLP).
     """
     F, E = gate.shape
     if up.shape != (F, E) or down.shape != (E, F):
@@ -120,7 +124,7 @@ def single_expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray,
         "ffn_down_exps.weight": np.asarray(down, f32)[None],
         "ffn_gate_shexp.weight": np.zeros((F, E), f32) if gate_shexp is None else np.asarray(gate_shexp, f32),
         "ffn_up_shexp.weight": np.zeros((F, E), f32) if up_shexp is None else np.asarray(up_shexp, f32),
-        "ffn_down_shexp.weight": np.zeros((E, F), f32),
+        "ffn_down_shexp.weight": np.zeros((E, F), f32) if down_shexp is None else np.asarray(down_shexp, f32),
     }
 
 
@@ -159,7 +163,7 @@ def head_block_arrays(index: int, dims: HeadDims, weights: Mapping[str, np.ndarr
                  "attn_output", "attn_q_norm", "attn_k_norm", "post_attention_norm"):
         if name in w:
             out[p + _NAMES[name]] = np.asarray(w[name], f32)
-    ffn = single_expert_ffn(w["ffn_gate"], w["ffn_up"], w["ffn_down"], w.get("ffn_gate_shexp"), w.get("ffn_up_shexp"))
+    ffn = single_expert_ffn(w["ffn_gate"], w["ffn_up"], w["ffn_down"], *(w.get(k) for k in SHEXP))
     out.update({p + k: v for k, v in ffn.items()})
     for name in ("eh_proj", "enorm", "hnorm", "embed_tokens", "shared_head_head", "shared_head_norm"):
         if name in w:
@@ -181,7 +185,8 @@ def head_block_tensors(index: int, dims: HeadDims, weights: Mapping[str, np.ndar
 def unpack_head_block(arrays: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
     """The inverse of head_block_arrays: {tensor name: numpy-order array} -> short-named weights.
 
-    Checks the MoE wrapping is the single-expert form (one expert, zero shared down projection)."""
+    Checks the MoE wrapping is the single-expert form (one routed expert); the shared expert's
+    weights are returned when its down projection is not zero (it then adds to the MLP)."""
     p = f"blk.{index}."
     out = {}
     for short, suffix in _NAMES.items():
@@ -190,10 +195,7 @@ def unpack_head_block(arrays: Mapping[str, np.ndarray], index: int) -> dict[str,
     exps = {k: np.asarray(arrays[p + f"ffn_{k}_exps.weight"], np.float32) for k in ("gate", "up", "down")}
     if any(a.shape[0] != 1 for a in exps.values()):
         raise ValueError(f"block {index} has {exps['gate'].shape[0]} experts; a single-expert head has 1")
-    if np.any(np.asarray(arrays.get(p + "ffn_down_shexp.weight", 0.0)) != 0):
-        raise ValueError(f"block {index}: the shared expert's down projection is not zero")
     out.update({f"ffn_{k}": a[0] for k, a in exps.items()})
-    for k in ("gate", "up"):
-        if p + f"ffn_{k}_shexp.weight" in arrays:
-            out[f"ffn_{k}_shexp"] = np.asarray(arrays[p + f"ffn_{k}_shexp.weight"], np.float32)
+    if np.any(np.asarray(arrays.get(p + "ffn_down_shexp.weight", 0.0)) != 0):
+        out.update({k: np.asarray(arrays[p + k + ".weight"], np.float32) for k in SHEXP})
     return out

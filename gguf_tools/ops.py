@@ -78,6 +78,7 @@ def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | N
     return _finish(plan_strip(open_gguf(path)), out, progress)
 
 
-def extract(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
+def extract(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None,
+            head_only: bool = False) -> WriteResult:
     check_output(out, [path], overwrite)
-    return _finish(plan_extract(open_gguf(path)), out, progress)
+    return _finish(plan_extract(open_gguf(path), head_only), out, progress)

@@ -147,10 +147,12 @@ def plan_strip(gf: GGUFFile) -> WritePlan:
     return WritePlan(gf.arch, gf.alignment, _layout_kvs(gf, n_trunk, 0, None), tensors)
 
 
-def plan_extract(gf: GGUFFile) -> WritePlan:
-    """An MTP-only sidecar: head blocks plus the shared tensors llama.cpp's loader requires."""
+def plan_extract(gf: GGUFFile, head_only: bool = False) -> WritePlan:
+    """An MTP-only sidecar: head blocks plus the shared tensors llama.cpp's loader requires; with
+    `head_only` the head blocks alone (not loadable by llama.cpp, but a pack source a fraction of the
+    size: the shared tensors are the trunk's anyway)."""
     heads = _require_head(gf)
-    shared = [gf.tensors[n] for n in SIDECAR_SHARED if n in gf.tensors]
+    shared = [] if head_only else [gf.tensors[n] for n in SIDECAR_SHARED if n in gf.tensors]
     tensors = [_file_tensor(gf, t) for t in shared + heads]
     return WritePlan(gf.arch, gf.alignment, copy_kvs(gf), tensors)
 

@@ -98,7 +98,10 @@ class DraftNMax(click.ParamType):
 
 
 @main.command()
-@click.option("-m", "--model", "model", required=True, type=click.Path(path_type=Path), help="Target GGUF.")
+@click.option("-m", "--model", "model", type=click.Path(path_type=Path),
+              help="Target GGUF [default: the demo model, SmolLM2-135M-Instruct with the MTP head mtp-cli "
+                   "trained for it, built once into the user cache; then --chat, --temp 0, --spec-type mtp and "
+                   "--spec-draft-n-max auto unless given, and a sample prompt].")
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(path_type=Path), help="Read the prompt from a file.")
 @click.option("-n", "--n-predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text).")
@@ -130,6 +133,8 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
     from mtp_cli.chat import chat_prompt
     from mtp_cli.runtime import GenConfig, Runtime
 
+    if model is None:
+        model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
     text = _read_prompt(prompt, prompt_file)
     spec = opts["spec_type"] or ("mtp" if isinstance(opts["spec_draft_n_max"], str) else "none")
     cfg = GenConfig(n_predict=opts["n_predict"], n_ctx=opts["ctx_size"], n_threads=opts["threads"],
@@ -168,6 +173,32 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
         _render_stats(stats)
         if ctl is not None:
             err.print(f"[dim]{escape(ctl.describe())}[/]", highlight=False)
+
+
+def _demo_defaults(opts: dict, prompt: str | None, prompt_file: Path | None) -> tuple[Path, bool, str | None]:
+    """The demo model (built on first use) and its defaults for every option not given on the command line."""
+    from click.core import ParameterSource
+
+    from mtp_cli.demo import DEMO_PROMPT, demo_model, demo_path
+
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE  # noqa: E731
+    if demo_path().is_file():
+        path = demo_model()
+    else:
+        with byte_progress("building the demo model (once)") as cb:
+            path = demo_model(cb)
+    if not given("spec_type"):
+        opts["spec_type"] = "mtp"
+    if not given("spec_draft_n_max") and opts["spec_type"] == "mtp":
+        opts["spec_draft_n_max"] = "auto"
+    if not given("temp"):
+        opts["temp"] = 0.0
+    if prompt is None and prompt_file is None:
+        prompt = DEMO_PROMPT
+        err.print(f"[dim]prompt: {escape(prompt)}[/]", highlight=False)
+    err.print(f"[dim]demo model: {escape(str(path))}[/]", highlight=False)
+    return path, True, prompt
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -397,10 +428,13 @@ def strip(file: Path, out: Path, overwrite: bool) -> None:
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @_out_option
-def extract(file: Path, out: Path, overwrite: bool) -> None:
+@click.option("--head-only", is_flag=True,
+              help="Only the head blocks: a small file for `pack`, without the embedding and output llama.cpp's "
+                   "-md needs.")
+def extract(file: Path, out: Path, overwrite: bool, head_only: bool) -> None:
     """Write the MTP head alone, as a sidecar llama.cpp loads with -md."""
     with byte_progress("extracting") as cb:
-        res = ops.extract(file, out, overwrite, cb)
+        res = ops.extract(file, out, overwrite, cb, head_only)
     _written(res)
 
 
@@ -425,8 +459,12 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
               help="Text file for teacher-forced passes (repeatable; documents split at two blank lines).")
 @click.option("--prompts", type=click.Path(path_type=Path),
               help="Prompts, one per line, answered greedily by the trunk (chat template applied when the model has one).")
-@click.option("--minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Training time (after data collection); 0 re-exports the checkpoint in --work.")
+@click.option("--minutes", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="The whole run: collecting data (at most --collect-share of it), then training. 0: export the "
+                   "checkpoint in the work folder again.")
+@click.option("--collect-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Share of --minutes spent collecting; what is left uncollected is collected by the next run "
+                   "with the same work folder.")
 @click.option("--head-type", type=click.Choice(["f16", "q8_0"]), default="f16", show_default=True,
               help="Type of the head block's matrices in OUT.")
 @click.option("--own-output", type=click.Choice(["q4_0", "q8_0", "none"]), default="q4_0", show_default=True,
@@ -434,28 +472,31 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
                    "Q4_0 halved the draft step on SmolLM2) or none (read the trunk's).")
 @click.option("--sidecar", is_flag=True, help="Write OUT as an MTP-only sidecar (use it with -md) instead of trunk + head.")
 @click.option("-s", "--seed", type=int, default=0, show_default=True)
-@click.option("-t", "--threads", type=int, default=1, show_default=True)
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="Threads [default: all cores].")
 @click.option("--max-prompts", type=int, default=None, help="Use at most this many prompts.")
 @click.option("--init", type=click.Choice(["random", "trunk", "slot"]), default="random", show_default=True,
               help="Start from random weights, the trunk's last block, or the file's head slot.")
 @click.option("--work", type=click.Path(path_type=Path), default=None,
               help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
 def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
-          head_type: str, own_output: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
+          collect_share: float, head_type: str, own_output: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
           work: Path | None) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
     MODEL: a glm4moe trunk (adopted or native, with or without a head slot), or a llama / qwen2 /
     qwen3 GGUF, adopted on the fly (OUT is then the adopted model plus the head). Data: the trunk's
-    own greedy answers to --prompts and teacher-forced passes over --text (built-in prompts and text
-    when neither is given), collected through llama.cpp. Held-out top-1 agreement with the trunk is
-    shown while training."""
+    own greedy answers to --prompts and teacher-forced passes over --text (the built-in prompts when
+    neither is given), collected through llama.cpp. Held-out top-1 agreement with the trunk is shown
+    while training."""
     from rich.progress import TimeElapsedColumn
 
+    from mtp_cli.llama_ext import default_threads
     from mtp_cli.train.pipeline import TrainJob, run_train
 
-    job = TrainJob(model=model, out=out, texts=texts, prompts=prompts, minutes=minutes, head_type=head_type,
-                   own_output=None if own_output == "none" else own_output, sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts, n_threads=threads,
+    job = TrainJob(model=model, out=out, texts=texts, prompts=prompts, minutes=minutes, collect_share=collect_share,
+                   head_type=head_type,
+                   own_output=None if own_output == "none" else own_output, sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts,
+                   n_threads=threads if threads is not None else default_threads(),
                    overwrite=overwrite)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),

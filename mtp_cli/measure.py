@@ -39,7 +39,7 @@ PROMPTS = [
 
 
 def read_prompts(path) -> list[str]:
-    """One prompt per non-empty line."""
+    """One prompt per line; blank lines and lines starting with # are skipped."""
     from pathlib import Path
 
     from mtp_cli.runtime import ConfigValueError
@@ -49,7 +49,7 @@ def read_prompts(path) -> list[str]:
         lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigValueError(f"{p}: cannot read the prompts: {getattr(e, 'strerror', None) or e}") from None
-    prompts = [ln for ln in lines if ln]
+    prompts = [ln for ln in lines if ln and not ln.startswith("#")]
     if not prompts:
         raise ConfigValueError(f"{p}: no prompts (one per line)")
     return prompts

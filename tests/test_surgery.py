@@ -133,6 +133,20 @@ def test_strip_and_extract_match_the_factory(sets, tmp_path):
     assert tensor_bytes(tmp_path / "x.gguf") == tensor_bytes(s["sidecar"])
 
 
+def test_extract_head_only_packs_like_the_sidecar(sets, tmp_path):
+    """--head-only: the head blocks alone (no shared embedding/output), a smaller pack source giving the same file."""
+    s = sets("qwen35")
+    ops.extract(s["full"], tmp_path / "side.gguf")
+    ops.extract(s["full"], tmp_path / "head.gguf", head_only=True)
+    hf = open_gguf(tmp_path / "head.gguf")
+    n = hf.layout().n_trunk
+    assert hf.tensors and all(name.startswith(f"blk.{n}.") for name in hf.tensors)
+    assert (tmp_path / "head.gguf").stat().st_size < (tmp_path / "side.gguf").stat().st_size
+    ops.pack(s["trunk"], tmp_path / "side.gguf", tmp_path / "a.gguf")
+    ops.pack(s["trunk"], tmp_path / "head.gguf", tmp_path / "b.gguf")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
 def test_extracted_sidecar_drives_the_trunk(sets, tmp_path):
     """extract writes a sidecar llama.cpp loads as the MTP model beside a trunk-only target (-md)."""
     s = sets("glm4moe", weights="structured")

@@ -89,6 +89,24 @@ def llama_step2(pair: Pair, toks: list[int], h: np.ndarray, hrows: np.ndarray, j
 def test_torch_head_matches_llama_cpp(tmp_path, arch):
     src, full = tiny_trunk(tmp_path, arch), tmp_path / "full.gguf"
     ops.adopt(src, full, with_head_slot=True)  # head block F16, as `adopt --with-head-slot` writes it
+    check_parity(full)
+
+
+def test_shared_expert_as_second_mlp_half_matches_llama_cpp(tmp_path):
+    """A head whose shared expert is trained (non-zero down projection) computes what llama.cpp does."""
+    from mtp_cli.train.export import export_model
+    from mtp_cli.train.trunk import Trunk, initial_weights
+
+    src, adopted, full = tiny_trunk(tmp_path), tmp_path / "adopted.gguf", tmp_path / "full.gguf"
+    ops.adopt(src, adopted)
+    w = initial_weights(Trunk(adopted), "random", 1, shared_expert=True)
+    w["ffn_down_shexp"] = np.random.default_rng(5).standard_normal(w["ffn_down_shexp"].shape).astype(np.float32) * 0.05
+    export_model(adopted, w, full)
+    assert "ffn_down_shexp" in initial_weights(Trunk(full), "slot")  # read back as the MLP's second half
+    check_parity(full)
+
+
+def check_parity(full: Path) -> None:
     head = slot_head(full)
     pair = Pair(full, arch="glm4moe")
     lx.set_embeddings_nextn(pair.dft, True, False)  # an h row for every MTP row, to compare hout
@@ -185,6 +203,33 @@ def test_store_split_and_resume(trained):
     docs, prompts = sources(job)
     again = collect(work / "adopted.gguf", work / "data", texts=docs, prompts=prompts, cfg=job.collect)
     assert again.n_rows == n  # everything was done: nothing collected twice
+
+
+def test_batched_answers_equal_one_at_a_time(trained):
+    """n_seq prompts answered in one context give the rows a lone greedy run + a teacher-forced pass give."""
+    from mtp_cli.runtime import GenConfig, Runtime
+    from mtp_cli.train.data import BatchedAnswerer, TrunkTeacher
+
+    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    prompts = [[1, *np.random.default_rng(i).integers(3, 300, 3 + 2 * i).tolist()] for i in range(5)]
+    got: dict[str, dict] = {}
+    ans = BatchedAnswerer(rt.model, max_len=40, top_k=8, n_seq=3, n_threads=1)
+    teacher = TrunkTeacher(rt.model, max_len=40, top_k=8, n_threads=1)
+    try:
+        ans.run([(str(i), p, 24) for i, p in enumerate(prompts)], lambda k, seq: got.__setitem__(k, seq))
+        assert sorted(got) == [str(i) for i in range(5)] and ans.n_gen > 0
+        for i, p in enumerate(prompts):
+            seq = got[str(i)]
+            cfg = GenConfig(n_ctx=64, n_threads=1, temp=0.0, spec_type="none", n_predict=24)
+            alone = [ev.token for ev in rt.generate(p, cfg)]
+            assert seq["tokens"].tolist() == p + alone and seq["n_prompt"] == len(p)
+            h, ids, lps = teacher.run(seq["tokens"].tolist())
+            assert np.array_equal(ids[:, 0], seq["topk_id"][:, 0])
+            assert np.abs(h - seq["h"].astype(np.float32)).max() < 1e-2 * max(1.0, float(np.abs(h).max()))
+    finally:
+        ans.close()
+        teacher.close()
+        rt.close()
 
 
 def test_export_round_trip_loads_with_mtp(trained):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class CollectConfig:
     heldout: float = 0.1  # share of sources held out (decided per source, from its key and the seed)
     seed: int = 0
     n_threads: int | None = 1
+    n_seq: int = 16  # prompts answered at once (one decode per step for all of them)
     chat: bool | None = None  # wrap prompts in the model's chat template; None: when it has one
 
 
@@ -245,6 +247,104 @@ class TrunkTeacher:
         self.ctx = None
 
 
+class BatchedAnswerer:
+    """The trunk's greedy answers to many prompts at once: `n_seq` sequences share one llama.cpp
+    context, one decode per step for all of them (a batch of b rows costs far less than b single
+    decodes). Every decoded row yields its h row and top-k, so the answers need no second pass."""
+
+    def __init__(self, model: lx.ModelPtr, *, max_len: int, top_k: int, n_seq: int, n_threads: int | None):
+        self.model, self.max_len, self.top_k, self.n_seq = model, max_len, top_k, n_seq
+        self.ctx = lx.create_context(model, n_ctx=max_len * n_seq, n_batch=max(max_len, n_seq), n_seq_max=n_seq,
+                                     n_threads=n_threads)
+        lx.set_embeddings_nextn(self.ctx, True, False)
+        self.E, self.V = lx.n_embd_out(model), lx.n_vocab(model)
+        self.batch = lx.Batch(max(max_len, n_seq))
+        self.t = 0.0
+        self.n_gen = 0
+
+    def _decode(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lx.decode(self.ctx, self.batch)
+        h = lx.get_embeddings_nextn(self.ctx, n_rows, n_embd=self.E)
+        ids, lps = topk_logprobs(lx.logits_rows(self.ctx, n_rows, self.V), self.top_k)
+        return h, ids, lps
+
+    def run(self, jobs: Iterable[tuple[str, list[int], int]], on_done: Callable[[str, dict], None],
+            should_stop: Callable[[], bool] | None = None) -> None:
+        """jobs: (key, prompt tokens, answer tokens wanted). `on_done(key, seq)` gets each finished
+        sequence as arrays tokens/h/topk_id/topk_lp (prompt then answer, at most max_len rows) and
+        n_prompt, in the order they finish. Stops early (dropping unfinished ones) on should_stop."""
+        pending = iter(jobs)
+        slots: list[dict | None] = [None] * self.n_seq
+        exhausted = False
+        while True:
+            if should_stop and should_stop():
+                return
+            for s in range(self.n_seq):
+                while slots[s] is None and not exhausted:
+                    job = next(pending, None)
+                    if job is None:
+                        exhausted = True
+                        break
+                    slots[s] = self._start(s, *job, on_done)
+            live = [s for s in range(self.n_seq) if slots[s] is not None]
+            if not live:
+                return
+            t0 = time.perf_counter()
+            b = self.batch
+            b.clear()
+            for s in live:
+                sl = slots[s]
+                b.add(sl["next"], len(sl["tokens"]), seq_id=s, logits=True)
+            h, ids, lps = self._decode(len(live))
+            self.t += time.perf_counter() - t0
+            self.n_gen += len(live)
+            for r, s in enumerate(live):
+                sl = slots[s]
+                self._append(sl, sl["next"], h[r:r + 1], ids[r:r + 1], lps[r:r + 1])
+                if self._finished(sl):
+                    self._finish(s, sl, on_done)
+                    slots[s] = None
+
+    def _start(self, s: int, key: str, ptoks: list[int], n_new: int, on_done: Callable[[str, dict], None]
+               ) -> dict | None:
+        """Decode a prompt into sequence s; None when it finished at once (nothing to generate)."""
+        ptoks = list(ptoks)[: self.max_len]
+        t0 = time.perf_counter()
+        b = self.batch
+        b.clear()
+        for i, t in enumerate(ptoks):
+            b.add(int(t), i, seq_id=s, logits=True)
+        h, ids, lps = self._decode(len(ptoks))
+        self.t += time.perf_counter() - t0
+        sl = {"key": key, "tokens": [], "h": [], "ids": [], "lps": [], "n_prompt": len(ptoks),
+              "limit": min(self.max_len, len(ptoks) + max(0, n_new))}
+        self._append(sl, ptoks, h, ids, lps)
+        if self._finished(sl):
+            self._finish(s, sl, on_done)
+            return None
+        return sl
+
+    def _append(self, sl: dict, toks: int | list[int], h: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
+        sl["tokens"].extend([toks] if isinstance(toks, int) else toks)
+        sl["h"].append(h.astype(np.float16))
+        sl["ids"].append(ids)
+        sl["lps"].append(lps)
+        sl["next"] = int(ids[-1, 0])  # greedy: the trunk's top-1 after the last row
+
+    def _finished(self, sl: dict) -> bool:
+        return len(sl["tokens"]) >= sl["limit"] or lx.is_eog(self.model, sl["next"])
+
+    def _finish(self, s: int, sl: dict, on_done: Callable[[str, dict], None]) -> None:
+        lx.memory_seq_rm(self.ctx, s, 0, -1)
+        on_done(sl["key"], {"tokens": np.asarray(sl["tokens"], np.int32), "h": np.concatenate(sl["h"]),
+                            "topk_id": np.concatenate(sl["ids"]), "topk_lp": np.concatenate(sl["lps"]),
+                            "n_prompt": sl["n_prompt"]})
+
+    def close(self) -> None:
+        lx.free_context(self.ctx)
+        self.ctx = None
+
+
 def text_windows(model: lx.ModelPtr, docs: Iterable[str], max_len: int) -> Iterable[tuple[str, list[int]]]:
     """(source key, tokens) windows of at most max_len tokens (at least 16) over each document."""
     for doc in docs:
@@ -265,7 +365,7 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
     Sources already in the store are skipped (resume). Returns the store."""
     from gguf_tools.gguf_file import open_gguf
     from mtp_cli.chat import ChatTemplateError, chat_prompt
-    from mtp_cli.runtime import GenConfig, Runtime
+    from mtp_cli.runtime import Runtime
 
     rt = Runtime(model_path, spec_type="none")
     teacher = None
@@ -295,12 +395,13 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
                              np.asarray(toks), h, ids, lps)
             done += 1
             report("text")
-        gcfg = GenConfig(n_ctx=cfg.max_len, n_batch=cfg.max_len, n_threads=cfg.n_threads, temp=0.0, spec_type="none")
-        for p in prompts:
-            key = source_key("prompt", p)
-            if should_stop and should_stop():
-                return store
-            if not store.done(key):
+        def jobs() -> Iterable[tuple[str, list[int], int]]:
+            nonlocal chat, done
+            for p in prompts:
+                key = source_key("prompt", p)
+                if store.done(key):
+                    done += 1
+                    continue
                 if chat:
                     try:
                         text = chat_prompt(gf, p, bos, eos)
@@ -309,17 +410,63 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
                 else:
                     text = p
                 ptoks = rt.tokenize(text, add_special=True, parse_special=chat)[: cfg.max_len - 8]
-                n_new = min(cfg.max_new, cfg.max_len - len(ptoks))
-                t0 = time.perf_counter()
-                ans = [ev.token for ev in rt.generate(ptoks, GenConfig(**{**gcfg.__dict__, "n_predict": n_new}))]
-                t_gen += time.perf_counter() - t0
-                n_gen += len(ans)
-                seq = (ptoks + ans)[: cfg.max_len]
-                h, ids, lps = teacher.run(seq)
+                yield key, ptoks, min(cfg.max_new, cfg.max_len - len(ptoks))
+
+        # one answerer per thread, each with its own context and one llama.cpp thread: llama_decode
+        # releases the GIL, and independent contexts scale where one context's threads would not
+        workers = max(1, cfg.n_threads or 1)
+        lock = threading.Lock()
+        pending = jobs()
+
+        def next_job() -> Iterable[tuple[str, list[int], int]]:
+            while True:
+                with lock:
+                    job = next(pending, None)
+                if job is None:
+                    return
+                yield job
+
+        answerers = [BatchedAnswerer(model, max_len=cfg.max_len, top_k=cfg.top_k, n_seq=cfg.n_seq, n_threads=1)
+                     for _ in range(workers)]
+
+        def finished(key: str, seq: dict) -> None:
+            nonlocal done, t_gen, n_gen
+            with lock:
+                t_gen = max(a.t for a in answerers)
+                n_gen = sum(a.n_gen for a in answerers)
                 store.append(key, "prompt", "heldout" if is_heldout(key, cfg.seed, cfg.heldout) else "train",
-                             np.asarray(seq), h, ids, lps, n_prompt=len(ptoks))
-            done += 1
-            report("prompt")
+                             seq["tokens"], seq["h"], seq["topk_id"], seq["topk_lp"], n_prompt=seq["n_prompt"])
+                done += 1
+                report("prompt")
+
+        errors: list[BaseException] = []
+        halt = threading.Event()
+
+        def work(a: BatchedAnswerer) -> None:
+            try:
+                a.run(next_job(), finished, lambda: halt.is_set() or bool(should_stop and should_stop()))
+            except BaseException as e:  # re-raised in the caller's thread
+                errors.append(e)
+                halt.set()
+
+        threads = [threading.Thread(target=work, args=(a,), daemon=True) for a in answerers]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # short waits: Ctrl-C reaches this thread
+        except KeyboardInterrupt:
+            halt.set()  # let every worker finish its decode before the contexts go
+            for t in threads:
+                t.join()
+            raise
+        finally:
+            if not any(t.is_alive() for t in threads):
+                for a in answerers:
+                    a.close()
+        if errors:
+            raise errors[0]
         return store
     finally:
         if teacher is not None:
@@ -327,5 +474,5 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
         rt.close()
 
 
-__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "read_prompts", "read_documents",
+__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "BatchedAnswerer", "read_prompts", "read_documents",
            "source_key", "is_heldout", "topk_logprobs", "text_windows", "BUILTIN_PROMPTS", "BUILTIN_TEXT"]

@@ -6,6 +6,7 @@ At position p, from token x_p and h = the trunk's hidden state of position p-1 a
     x    = eh_proj @ concat(rms(embed(x_p)) * enorm, rms(h) * hnorm)      the embedding half first
     x    = x + attn_output @ attn(rms(x) * attn_norm)    causal over the head's own rows, NEOX rope
     x    = x + down(silu(gate y) * up y),  y = rms(x) * post_attention_norm   (the single-expert MoE)
+           (+ the same over the shared expert's weights when it is trained: a twice-as-wide MLP)
     hout = rms(x) * (shared_head_norm, else output_norm)   what llama_get_embeddings_nextn_ith returns
     logits = output @ hout                                 the trunk's output matrix (or shared_head_head)
 
@@ -155,6 +156,8 @@ class MtpHead(nn.Module):
         x = x + attn.transpose(1, 2).reshape(B, T, H * D) @ self.W("attn_output").T
         y = rms(x, self.W("post_attention_norm"), self.eps)
         x = x + (F.silu(y @ self.W("ffn_gate").T) * (y @ self.W("ffn_up").T)) @ self.W("ffn_down").T
+        if self.has("ffn_down_shexp"):  # glm4moe's shared expert: the MLP's second half
+            x = x + (F.silu(y @ self.W("ffn_gate_shexp").T) * (y @ self.W("ffn_up_shexp").T)) @ self.W("ffn_down_shexp").T
         norm = self.W("shared_head_norm") if self.has("shared_head_norm") else self.output_norm
         return rms(x, norm, self.eps)
 
@@ -191,10 +194,13 @@ class MtpHead(nn.Module):
         attn = w[..., :T] @ v1e + w[..., T:] * v2e
         return self.finish(x, attn)
 
-    def logits(self, hout: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits (float32) of hout rows (..., E)."""
+    def logits(self, hout: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (float32) of hout rows (..., E): over the full vocabulary, or only the columns `cols`."""
         if self.fast_output and self._out_bf16 is not None:
-            return (hout.to(torch.bfloat16) @ self._out_bf16.T).float()
+            w = self._out_bf16 if cols is None else self._out_bf16[cols]
+            return (hout.to(torch.bfloat16) @ w.T).float()
+        if cols is not None:
+            return hout @ self.output[cols].T
         if self.output_act == "q8":
             hout = q8_round(hout)
         elif self.output_act == "f16":

@@ -11,6 +11,7 @@ collected data and the training checkpoint: running the same command again resum
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import open_gguf
 from gguf_tools.gguf_write import check_output
 from mtp_cli.train import require_torch
-from mtp_cli.train.data import (BUILTIN_PROMPTS, BUILTIN_TEXT, CollectConfig, CollectProgress, Store, collect,
+from mtp_cli.train.data import (BUILTIN_PROMPTS, CollectConfig, CollectProgress, Store, collect,
                                 is_heldout, read_documents, read_prompts, source_key)
 
 
@@ -31,7 +32,8 @@ class TrainJob:
     out: Path
     texts: Sequence[Path] = ()  # text files for teacher-forced passes
     prompts: Path | None = None  # one prompt per line (answered greedily by the trunk)
-    minutes: float = 10.0  # training budget (collection runs to the end of the sources first); 0: export only
+    minutes: float = 30.0  # the whole run: collection (at most collect_share of it), then training; 0: export only
+    collect_share: float = 0.5
     head_type: str = "f16"
     own_output: str | None = "q4_0"  # head-owned output matrix (export.OWN_OUTPUT_TYPES) or None: the trunk's
     sidecar: bool = False  # write an MTP-only sidecar instead of the packed model
@@ -59,9 +61,10 @@ class JobResult:
 
 
 def sources(job: TrainJob) -> tuple[list[str], list[str]]:
-    """(documents, prompts): the given files, or the built-in ones when neither is given."""
+    """(documents, prompts): the given files, or the built-in prompts when neither is given (answers are
+    what the head drafts at decode time; text only adds variety)."""
     if not job.texts and job.prompts is None:
-        texts, prompts = [BUILTIN_TEXT], BUILTIN_PROMPTS
+        texts, prompts = [], BUILTIN_PROMPTS
     else:
         texts, prompts = list(job.texts), job.prompts
     docs = [d for p in texts for d in read_documents(p)]
@@ -117,17 +120,30 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     docs, prompts = sources(job)
     ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
 
-    stage("collect")
-    store = collect(trunk_path, job.work_dir / "data", texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
-                    should_stop=should_stop)
-    if should_stop and should_stop():
-        raise KeyboardInterrupt
-
-    stage("train")
     if job.minutes < 0:
         raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
+    if not 0.0 <= job.collect_share <= 1.0:
+        raise RefusedError(f"--collect-share must be between 0 and 1, got {job.collect_share}")
+    budget = job.minutes * 60.0
+    t0 = time.monotonic()
+    collect_until = t0 + budget * job.collect_share
+
+    def collect_stop() -> bool:
+        # sources left over are collected by the next run in the same work folder
+        return time.monotonic() >= collect_until or bool(should_stop and should_stop())
+
+    stage("collect")
+    store = collect(trunk_path, job.work_dir / "data", texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
+                    should_stop=collect_stop)
+    if should_stop and should_stop():
+        raise KeyboardInterrupt
+    if not store.split("train"):
+        raise RefusedError("no training data collected yet: give the run more --minutes", job.work_dir)
+
+    stage("train")
+    left = max(0.0, budget - (time.monotonic() - t0))
     tcfg = job.train if job.train is not None else TrainConfig(
-        minutes=job.minutes, seed=job.seed, n_threads=job.n_threads, max_steps=None if job.minutes > 0 else 0)
+        minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
     head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast_output=True)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)

@@ -9,9 +9,14 @@ Per batch of whole sequences (the head's own causal attention over each, as at d
   greedy token after row j-1 (a draft that would have been accepted), gradients through both steps.
 
 Losses: "kl" = cross-entropy to the trunk's top-K distribution (renormalised; = KL up to a
-constant), "ce" = cross-entropy on the trunk's top-1 token, "mix" = their mean. Deterministic for
-a seed (one thread); stops at `minutes` or `max_steps`; checkpoints (weights, optimizer, sampler
-state) every `ckpt_every_s` so a killed run resumes.
+constant), "ce" = cross-entropy on the trunk's top-1 token, "mix" = their mean; plus (feature_weight)
+a smooth-L1 pull of the head's h towards the trunk's h of the same row (step 2 reads the head's h
+where the trunk's would be). Rows of a prompt weigh `prompt_weight` (drafting starts after it). The
+softmax runs over sampled candidate columns (`candidates`: the batch's top-K, the trunk's most
+frequent predictions and random ones): the vocabulary matmul was 2/3 of a step. Held-out agreement
+is always over the full vocabulary. Deterministic for a seed (one thread); stops at `minutes` or
+`max_steps`; checkpoints (weights, optimizer, sampler state) every `ckpt_every_s` so a killed run
+resumes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mtp_cli.train.data import Store
 from mtp_cli.train.head import MtpHead
@@ -50,6 +56,10 @@ class TrainConfig:
     eval_rows: int = 2048  # held-out rows evaluated (the first sequences of the held-out split)
     ckpt_every_s: float = 120.0
     n_threads: int = 1
+    feature_weight: float = 1.0  # + this x smooth-L1(head h, trunk h) on step 1 (0: token loss only)
+    prompt_weight: float = 0.2  # loss weight of a prompt's own rows (answers and text: 1)
+    candidates: int = 2048  # >0: softmax over the batch's top-K tokens + this many of the trunk's most frequent
+    # predictions + as many random ones (sampled softmax: the vocabulary matmul is most of a step); 0: full
 
 
 @dataclass
@@ -82,36 +92,53 @@ class Batcher:
     def __init__(self, store: Store):
         self.store = store
 
-    def make(self, seqs: list[dict]) -> dict[str, torch.Tensor]:
+    def make(self, seqs: list[dict], prompt_weight: float = 1.0) -> dict[str, torch.Tensor]:
+        """`weight`: 1 on answer and text rows, `prompt_weight` on a prompt's own rows (never drafted at
+        decode time); `answer`: the rows decode-time drafting sees (answers, or whole text windows)."""
         T = max(s["len"] for s in seqs)
         B, E, K = len(seqs), self.store.E, self.store.K
         tokens = np.zeros((B, T), np.int64)
         hprev = np.zeros((B, T, E), np.float32)
+        hcur = np.zeros((B, T, E), np.float32)
         ids = np.zeros((B, T, K), np.int64)
         lp = np.full((B, T, K), -1e4, np.float32)
         valid = np.zeros((B, T), bool)
+        answer = np.zeros((B, T), bool)
         for b, s in enumerate(seqs):
             d = self.store.sequence(s)
             n = s["len"]
             tokens[b, :n] = d["tokens"]
             hprev[b, 1:n] = d["h"][: n - 1]
+            hcur[b, :n] = d["h"][:n]
             ids[b, :n] = d["topk_id"]
             lp[b, :n] = d["topk_lp"]
             valid[b, :n] = True
+            answer[b, s.get("n_prompt", 0):n] = True
         valid2 = np.zeros_like(valid)
         valid2[:, 1:] = valid[:, 1:] & (tokens[:, 1:] == ids[:, :-1, 0])  # x_j is the trunk's greedy after j-1
         t = torch.from_numpy
-        return {"tokens": t(tokens), "hprev": t(hprev), "ids": t(ids), "lp": t(lp), "valid": t(valid),
-                "valid2": t(valid2)}
+        weight = np.where(answer, 1.0, prompt_weight).astype(np.float32)
+        return {"tokens": t(tokens), "hprev": t(hprev), "hcur": t(hcur), "ids": t(ids), "lp": t(lp), "valid": t(valid),
+                "valid2": t(valid2), "answer": t(answer), "weight": t(weight)}
 
 
-def _loss(logits: torch.Tensor, ids: torch.Tensor, lp: torch.Tensor, kind: str) -> torch.Tensor:
+def _feature_loss(hout: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Smooth-L1 between the head's h and the trunk's h of the same row (EAGLE's feature regression),
+    weighted mean over rows."""
+    w = w / w.sum().clamp_min(1e-6)
+    return (F.smooth_l1_loss(hout, h, reduction="none").mean(-1) * w).sum()
+
+
+def _loss(logits: torch.Tensor, ids: torch.Tensor, lp: torch.Tensor, kind: str, w: torch.Tensor) -> torch.Tensor:
+    """Weighted mean over rows (weights `w`); `ids` index the columns of `logits` (the vocabulary, or
+    the sampled candidates)."""
     logq = torch.log_softmax(logits, dim=-1)
-    ce = -logq.gather(-1, ids[:, :1]).squeeze(-1).mean()
+    w = w / w.sum().clamp_min(1e-6)
+    ce = -(logq.gather(-1, ids[:, :1]).squeeze(-1) * w).sum()
     if kind == "ce":
         return ce
     p = torch.softmax(lp, dim=-1)  # the trunk's top-K, renormalised
-    kl = -(p * logq.gather(-1, ids)).sum(-1).mean()
+    kl = -((p * logq.gather(-1, ids)).sum(-1) * w).sum()
     return kl if kind == "kl" else 0.5 * (kl + ce)
 
 
@@ -136,6 +163,8 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+        self._frequent: torch.Tensor | None = None  # sampled softmax: the trunk's most frequent predictions
+        self._lut: torch.Tensor | None = None
         self.step = 0
         self.elapsed_total = 0.0  # over every run of this checkpoint
         self.history: list[dict] = []
@@ -169,17 +198,39 @@ class Trainer:
             return frac
         return steps_done / self.cfg.max_steps if self.cfg.max_steps else 1.0
 
+    def _columns(self, ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(candidate columns or None for the full vocabulary, ids remapped to them)."""
+        n = self.cfg.candidates
+        if n <= 0:
+            return None, ids
+        V = self.head.output.shape[0]
+        if self._frequent is None:
+            top1 = np.asarray(self.store.array("topk_id.i32")[:, 0])
+            counts = np.bincount(top1, minlength=V)
+            self._frequent = torch.from_numpy(np.argsort(-counts, kind="stable")[:n].astype(np.int64))
+            self._lut = torch.full((V,), -1, dtype=torch.int64)
+        rand = torch.randint(0, V, (n,))
+        cols = torch.unique(torch.cat([ids.reshape(-1), self._frequent, rand]))
+        self._lut[cols] = torch.arange(len(cols))
+        remapped = self._lut[ids]
+        self._lut[cols] = -1
+        return cols, remapped
+
     def losses(self, b: dict[str, torch.Tensor], unroll: bool | None = None) -> tuple[torch.Tensor, int]:
         head, cfg = self.head, self.cfg
         hout, k, v = head(b["tokens"], b["hprev"])
         m = b["valid"]
-        loss = _loss(head.logits(hout[m]), b["ids"][m], b["lp"][m], cfg.loss)
+        cols, ids = self._columns(b["ids"])
+        loss = _loss(head.logits(hout[m], cols), ids[m], b["lp"][m], cfg.loss, b["weight"][m])
+        if cfg.feature_weight:  # hout should be the trunk's own h of the row: it is step 2's input
+            loss = loss + cfg.feature_weight * _feature_loss(hout[m], b["hcur"][m], b["weight"][m])
         rows = int(m.sum())
         m2 = b["valid2"]
         if (cfg.unroll if unroll is None else unroll) and bool(m2.any()):
             h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
             hout2 = head.step2(b["tokens"], h2, k, v)
-            loss = loss + cfg.step2_weight * _loss(head.logits(hout2[m2]), b["ids"][m2], b["lp"][m2], cfg.loss)
+            loss = loss + cfg.step2_weight * _loss(head.logits(hout2[m2], cols), ids[m2], b["lp"][m2], cfg.loss,
+                                                   b["weight"][m2])
             rows += int(m2.sum())
         return loss, rows
 
@@ -190,16 +241,17 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Held-out top-1 agreement with the trunk: (draft step 1, draft step 2 where step 1's token is the trunk's)."""
+        """Held-out top-1 agreement with the trunk on the rows drafting sees (answers, text): (draft step 1,
+        draft step 2 where step 1's token is the trunk's)."""
         head = self.head
         hit1 = n1 = hit2 = n2 = 0
         for i in range(0, len(self.heldout), self.cfg.batch_seqs):
             b = self.batcher.make(self.heldout[i:i + self.cfg.batch_seqs])
             hout, k, v = head(b["tokens"], b["hprev"])
-            m = b["valid"]
+            m = b["valid"] & b["answer"]
             hit1 += int((head.logits(hout[m]).argmax(-1) == b["ids"][m][:, 0]).sum())
             n1 += int(m.sum())
-            m2 = b["valid2"]
+            m2 = b["valid2"] & b["answer"]
             if bool(m2.any()):
                 h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
                 hout2 = head.step2(b["tokens"], h2, k, v)
@@ -242,7 +294,7 @@ class Trainer:
                 break
             ts = time.perf_counter()
             pick = self.rng.choice(len(self.train_seqs), size=min(cfg.batch_seqs, len(self.train_seqs)), replace=False)
-            b = self.batcher.make([self.train_seqs[i] for i in sorted(pick)])
+            b = self.batcher.make([self.train_seqs[i] for i in sorted(pick)], cfg.prompt_weight)
             frac = (self.elapsed_total + elapsed()) / total_budget if total_budget > 0 else 0.0
             for g in self.opt.param_groups:
                 g["lr"] = self._lr(frac)

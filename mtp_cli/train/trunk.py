@@ -111,10 +111,13 @@ class Trunk:
         return unpack_head_block(arrays, i)
 
 
-def initial_weights(trunk: Trunk, init: str, seed: int = 0) -> dict[str, np.ndarray]:
+def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool = False) -> dict[str, np.ndarray]:
     """The head's starting weights: "trunk" (a copy of the trunk's last block, eh_proj = [I | I]),
-    "slot" (the file's own head block) or "random" (glm4moe_head's N(0, 1/fan_in) init)."""
-    from gguf_tools.glm4moe_head import random_weights
+    "slot" (the file's own head block) or "random" (glm4moe_head's N(0, 1/fan_in) init).
+    `shared_expert`: train glm4moe's shared expert as the second half of a twice-as-wide MLP (it runs
+    at decode time anyway; off by default: no gain measured yet, each step is slower); it starts at
+    zero output (down projection zero). "slot" keeps whatever the slot has."""
+    from gguf_tools.glm4moe_head import SHEXP, random_weights
 
     p = trunk.params
     E = p.dims.n_embd
@@ -130,7 +133,15 @@ def initial_weights(trunk: Trunk, init: str, seed: int = 0) -> dict[str, np.ndar
         w["eh_proj"] = np.concatenate([np.eye(E, dtype=np.float32), np.eye(E, dtype=np.float32)], axis=1)
     else:
         raise ValueError(f"unknown init {init!r} (trunk, slot, random)")
-    w = {k: np.array(v, dtype=np.float32) for k, v in w.items() if k not in ("ffn_gate_shexp", "ffn_up_shexp")}
+    w = {k: np.array(v, dtype=np.float32) for k, v in w.items() if k not in SHEXP or "ffn_down_shexp" in w}
+    if init != "slot":  # (a slot keeps its shared expert when it has a trained one)
+        w = {k: v for k, v in w.items() if k not in SHEXP}
+        if shared_expert:
+            rng = np.random.default_rng([seed, 7])
+            F, E = w["ffn_gate"].shape
+            w["ffn_gate_shexp"] = (rng.standard_normal((F, E)) / np.sqrt(E)).astype(np.float32)
+            w["ffn_up_shexp"] = (rng.standard_normal((F, E)) / np.sqrt(E)).astype(np.float32)
+            w["ffn_down_shexp"] = np.zeros((E, F), np.float32)
     w.setdefault("shared_head_norm", trunk.output_norm())
     return w
 
