@@ -397,8 +397,10 @@ class AdaptiveController:
 
     def describe(self) -> str:
         used = ", ".join(f"N={n}: {s}" for n, s in enumerate(self.steps_at) if s)
-        return (f"adaptive: now N={self.best}; steps {used or '-'}; {self.n_probes} probes "
-                f"(+{self.n_shadow} shadow), {self.n_switches} switches")
+        seen = f"; head's first draft ~{self._A[0] / self._D[0]:.0%} right" if self._D[0] >= 5 else ""
+        why = " (drafting would not beat plain decoding here)" if self.best == 0 and self.steps else ""
+        return (f"adaptive: now N={self.best}{why}; steps {used or '-'}; {self.n_probes} probes "
+                f"(+{self.n_shadow} shadow), {self.n_switches} switches{seen}")
 
 
 # ---------------------------------------------------------------------------------------------

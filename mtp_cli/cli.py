@@ -100,8 +100,8 @@ class DraftNMax(click.ParamType):
 @main.command()
 @click.option("-m", "--model", "model", type=click.Path(path_type=Path),
               help="Target GGUF [default: the demo model, SmolLM2-135M-Instruct with the MTP head mtp-cli "
-                   "trained for it, built once into the user cache; then --chat, --temp 0, --spec-type mtp and "
-                   "--spec-draft-n-max auto unless given, and a sample prompt].")
+                   "trained for it, built once into the user cache; with the chat template, and --temp 0, "
+                   "--spec-type mtp, --spec-draft-n-max auto and a sample prompt unless given].")
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(path_type=Path), help="Read the prompt from a file.")
 @click.option("-n", "--n-predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text).")
@@ -133,6 +133,8 @@ def generate(model: Path, prompt: str | None, prompt_file: Path | None, chat: bo
     from mtp_cli.chat import chat_prompt
     from mtp_cli.runtime import GenConfig, Runtime
 
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt with -p or -f, not both")
     if model is None:
         model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
     text = _read_prompt(prompt, prompt_file)
@@ -222,7 +224,9 @@ def _render_stats(s) -> None:
     err.print(f"[dim]{s.n_prompt} prompt tokens at {s.prompt_tokens_per_second:.1f} t/s; "
               f"{s.n_tokens} generated at {s.tokens_per_second:.1f} t/s; stop: "
               f"{STOP_WORDS.get(s.stop_reason, s.stop_reason)}[/]", highlight=False)
-    if s.spec_type != "none":
+    if s.spec_type != "none" and not s.n_drafted:
+        err.print(f"[dim]{s.spec_type}: nothing drafted was verified ({s.n_verify} plain steps)[/]", highlight=False)
+    elif s.spec_type != "none":
         by_pos = " ".join(f"{a:.0%}" for a in s.acceptance_by_pos)
         err.print(f"[dim]{s.spec_type}: {s.n_verify} verify passes, {s.tokens_per_pass:.2f} tokens/pass, "
                   f"acceptance {s.acceptance:.1%} ({s.n_accepted}/{s.n_drafted}), "
@@ -472,7 +476,7 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
                    "Q4_0 halved the draft step on SmolLM2) or none (read the trunk's).")
 @click.option("--sidecar", is_flag=True, help="Write OUT as an MTP-only sidecar (use it with -md) instead of trunk + head.")
 @click.option("-s", "--seed", type=int, default=0, show_default=True)
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="Threads [default: all cores].")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="Threads [default: cores, up to 4].")
 @click.option("--max-prompts", type=int, default=None, help="Use at most this many prompts.")
 @click.option("--init", type=click.Choice(["random", "trunk", "slot"]), default="random", show_default=True,
               help="Start from random weights, the trunk's last block, or the file's head slot.")

@@ -56,7 +56,10 @@ def source_model() -> Path:
 
 
 def _key(source: Path, head: Path) -> str:
-    h = hashlib.sha256(head.read_bytes())
+    try:
+        h = hashlib.sha256(head.read_bytes())
+    except OSError as e:
+        raise DemoError(f"{head}: the shipped MTP head cannot be read: {e.strerror or e} (reinstall mtp-cli)") from None
     st = source.stat()
     h.update(f"{source.name}:{st.st_size}".encode())
     return h.hexdigest()[:12]
@@ -75,9 +78,11 @@ def demo_model(progress: Progress | None = None, *, source: Path | None = None, 
         return out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        for old in out.parent.glob("smollm2-135m-instruct-mtp-*.gguf"):  # built from an older head
+            old.unlink()
+        build(source, head, out, progress)
     except OSError as e:
-        raise DemoError(f"{out.parent}: cannot create the cache folder: {e.strerror or e}") from None
-    build(source, head, out, progress)
+        raise DemoError(f"{out.parent}: cannot build the demo model there: {e.strerror or e}") from None
     return out
 
 

@@ -199,13 +199,11 @@ class MtpHead(nn.Module):
         if self.fast_output and self._out_bf16 is not None:
             w = self._out_bf16 if cols is None else self._out_bf16[cols]
             return (hout.to(torch.bfloat16) @ w.T).float()
-        if cols is not None:
-            return hout @ self.output[cols].T
         if self.output_act == "q8":
             hout = q8_round(hout)
         elif self.output_act == "f16":
             hout = hout.to(torch.float16).float()
-        return hout @ self.output.T
+        return hout @ (self.output if cols is None else self.output[cols]).T
 
 
 __all__ = ["MtpHead", "rms", "FROZEN"]

@@ -109,6 +109,10 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
         raise RefusedError(f"unknown head type {job.head_type!r} ({', '.join(HEAD_TYPES)})")
     if job.own_output is not None and job.own_output not in OWN_OUTPUT_TYPES:
         raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
+    if job.minutes < 0:
+        raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
+    if not 0.0 <= job.collect_share <= 1.0:
+        raise RefusedError(f"--collect-share must be between 0 and 1, got {job.collect_share}")
     check_output(job.out, [job.model], job.overwrite)
     stage = on_stage or (lambda s: None)
     torch.set_num_threads(max(1, job.n_threads))
@@ -120,10 +124,6 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     docs, prompts = sources(job)
     ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
 
-    if job.minutes < 0:
-        raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
-    if not 0.0 <= job.collect_share <= 1.0:
-        raise RefusedError(f"--collect-share must be between 0 and 1, got {job.collect_share}")
     budget = job.minutes * 60.0
     t0 = time.monotonic()
     collect_until = t0 + budget * job.collect_share
@@ -133,12 +133,17 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
         return time.monotonic() >= collect_until or bool(should_stop and should_stop())
 
     stage("collect")
-    store = collect(trunk_path, job.work_dir / "data", texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
-                    should_stop=collect_stop)
+    data = job.work_dir / "data"
+    if budget * job.collect_share > 0 or not (data / "index.json").is_file():
+        store = collect(trunk_path, data, texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
+                        should_stop=collect_stop)
+    else:  # no time to collect: train on (or export from) what the work folder holds
+        store = Store.open(data)
     if should_stop and should_stop():
         raise KeyboardInterrupt
     if not store.split("train"):
-        raise RefusedError("no training data collected yet: give the run more --minutes", job.work_dir)
+        raise RefusedError("no training data collected yet: give the run more --minutes (and a --collect-share "
+                           "above 0)", job.work_dir)
 
     stage("train")
     left = max(0.0, budget - (time.monotonic() - t0))

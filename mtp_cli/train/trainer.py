@@ -149,10 +149,11 @@ class Trainer:
             raise ValueError(f"unknown loss {cfg.loss!r} ({', '.join(LOSSES)})")
         self.head, self.store, self.cfg = head, store, cfg
         self.batcher = Batcher(store)
-        self.train_seqs = store.split("train")
+        # by source key: the order sequences finished in (threads) must not change what a seed trains on
+        self.train_seqs = sorted(store.split("train"), key=lambda s: s["key"])
         self.heldout = []
         rows = 0
-        for s in store.split("heldout"):
+        for s in sorted(store.split("heldout"), key=lambda s: s["key"]):
             if rows >= cfg.eval_rows:
                 break
             self.heldout.append(s)

@@ -133,7 +133,7 @@ def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool 
         w["eh_proj"] = np.concatenate([np.eye(E, dtype=np.float32), np.eye(E, dtype=np.float32)], axis=1)
     else:
         raise ValueError(f"unknown init {init!r} (trunk, slot, random)")
-    w = {k: np.array(v, dtype=np.float32) for k, v in w.items() if k not in SHEXP or "ffn_down_shexp" in w}
+    w = {k: np.array(v, dtype=np.float32) for k, v in w.items()}
     if init != "slot":  # (a slot keeps its shared expert when it has a trained one)
         w = {k: v for k, v in w.items() if k not in SHEXP}
         if shared_expert:
