@@ -205,6 +205,22 @@ def test_store_split_and_resume(trained):
     assert again.n_rows == n  # everything was done: nothing collected twice
 
 
+def test_repeated_prompts_are_answered_once_and_stops_drop_only_unfinished(trained, tmp_path):
+    from mtp_cli.train.data import CollectConfig, Store, collect
+
+    adopted = trained["job"].work_dir / "adopted.gguf"
+    prompts = ["the cat", "hello world", "the cat", "a world"]
+    cfg = CollectConfig(max_len=48, max_new=24, n_threads=2, n_seq=2)
+    calls = []
+    st = collect(adopted, tmp_path / "d", prompts=prompts, cfg=cfg, should_stop=lambda: calls.append(1) or len(calls) > 3)
+    first = {s["key"] for s in st.seqs}
+    assert len(first) == len(st.seqs) < 3  # stopped early: only whole answers were stored
+    st = collect(adopted, tmp_path / "d", prompts=prompts, cfg=cfg)
+    assert len(st.seqs) == 3 and len({s["key"] for s in st.seqs}) == 3 and first <= {s["key"] for s in st.seqs}
+    again = Store.open(tmp_path / "d")
+    assert again.n_rows == st.n_rows == sum(s["len"] for s in again.seqs)  # the index was flushed
+
+
 def test_batched_answers_equal_one_at_a_time(trained):
     """n_seq prompts answered in one context give the rows a lone greedy run + a teacher-forced pass give."""
     from mtp_cli.runtime import GenConfig, Runtime
