@@ -223,6 +223,14 @@ class CollectProgress:
     gen_tokens_per_s: float  # generated answer tokens per second (this run)
 
 
+def decode_rows(ctx: lx.ContextPtr, batch: lx.Batch, n_rows: int, n_embd: int, n_vocab: int, top_k: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode a batch whose every row has logits: (h rows, top-k ids, top-k log-probs), batch order."""
+    lx.decode(ctx, batch)
+    h = lx.get_embeddings_nextn(ctx, n_rows, n_embd=n_embd)
+    return (h, *topk_logprobs(lx.logits_rows(ctx, n_rows, n_vocab), top_k))
+
+
 class TrunkTeacher:
     """The frozen trunk in a llama.cpp context: teacher-forced passes return h rows and top-k."""
 
@@ -247,9 +255,7 @@ class TrunkTeacher:
         b.clear()
         for i, t in enumerate(tokens):
             b.add(int(t), i, logits=True)
-        lx.decode(self.ctx, b)
-        h = lx.get_embeddings_nextn(self.ctx, n, n_embd=self.E)
-        ids, lps = topk_logprobs(lx.logits_rows(self.ctx, n, self.V), self.top_k)
+        h, ids, lps = decode_rows(self.ctx, b, n, self.E, self.V, self.top_k)
         self.t += time.perf_counter() - t0
         self.n += n
         return h, ids, lps
@@ -275,10 +281,7 @@ class BatchedAnswerer:
         self.n_gen = 0
 
     def _decode(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lx.decode(self.ctx, self.batch)
-        h = lx.get_embeddings_nextn(self.ctx, n_rows, n_embd=self.E)
-        ids, lps = topk_logprobs(lx.logits_rows(self.ctx, n_rows, self.V), self.top_k)
-        return h, ids, lps
+        return decode_rows(self.ctx, self.batch, n_rows, self.E, self.V, self.top_k)
 
     def run(self, jobs: Iterable[tuple[str, list[int], int]], on_done: Callable[[str, dict], None],
             should_stop: Callable[[], bool] | None = None) -> None:
@@ -506,5 +509,5 @@ def _join_all(threads: Sequence[threading.Thread]) -> None:
             continue
 
 
-__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "BatchedAnswerer", "read_prompts", "read_documents",
+__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "BatchedAnswerer", "decode_rows", "read_prompts", "read_documents",
            "source_key", "is_heldout", "topk_logprobs", "text_windows", "BUILTIN_PROMPTS", "BUILTIN_TEXT"]
