@@ -253,6 +253,84 @@ def test_batched_answers_equal_one_at_a_time(trained):
         rt.close()
 
 
+def test_sampled_answers_follow_the_top_k_and_repeat_for_a_seed(trained):
+    """temp > 0: each next token is one of the previous row's top-k, the run differs from greedy, and
+    the same seed and key give the same sequence."""
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.train.data import BatchedAnswerer
+
+    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    p = [1, 5, 17, 42]
+
+    def answer(temp: float, seed: int) -> dict:
+        got: dict[str, dict] = {}
+        a = BatchedAnswerer(rt.model, max_len=40, top_k=8, n_seq=2, n_threads=1, temp=temp, seed=seed)
+        try:
+            a.run([("k", p, 30)], lambda k, seq: got.__setitem__(k, seq))
+        finally:
+            a.close()
+        return got["k"]
+
+    try:
+        greedy, s1, s1b, s2 = answer(0.0, 0), answer(5.0, 1), answer(5.0, 1), answer(5.0, 2)
+        toks, ids = s1["tokens"], s1["topk_id"]
+        assert len(toks) > len(p) + 5
+        assert all(toks[j + 1] in ids[j] for j in range(len(p) - 1, len(toks) - 1))
+        assert toks.tolist() == s1b["tokens"].tolist()
+        assert toks.tolist() != greedy["tokens"].tolist() and toks.tolist() != s2["tokens"].tolist()
+        assert np.array_equal(greedy["tokens"][len(p):], greedy["topk_id"][len(p) - 1:-1, 0])
+    finally:
+        rt.close()
+
+
+def test_builtin_prompts_alternate_self_written_and_templated():
+    from mtp_cli.train.data import BUILTIN_PROMPTS, SELF_PROMPTS, builtin_prompts, read_prompts
+
+    a, b, both = read_prompts(SELF_PROMPTS), read_prompts(BUILTIN_PROMPTS), builtin_prompts()
+    assert len(a) >= 1000 and both[:4] == [a[0], b[0], a[1], b[1]]
+    assert sorted(both) == sorted(a + b)
+
+
+def test_self_prompts_are_clean_and_never_an_eval_prompt():
+    """The shipped self-written prompts: one line each, within the filter, distinct, and none of the
+    held-out evaluation prompts (case and spacing aside)."""
+    from mtp_cli.train.data import PROMPTS_DIR, SELF_PROMPTS, read_prompts
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
+
+    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
+    ps = read_prompts(SELF_PROMPTS)
+    cfg = SelfPromptConfig(n=0)
+    assert all(acceptable(p, cfg) for p in ps)
+    assert len({norm(p) for p in ps}) == len(ps)
+    assert not {norm(p) for p in ps} & {norm(p) for p in read_prompts(PROMPTS_DIR / "eval_prompts.txt")}
+
+
+def test_acceptable_filter():
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
+
+    cfg = SelfPromptConfig(n=0)
+    assert acceptable("How do I descale a kettle?", cfg)
+    for bad in ("Hi", "two\nlines here now", "ends <|im_end|> here", "naïve café ümlaut ßß çç ñ", "w " * 61):
+        assert not acceptable(bad, cfg), bad
+
+
+def test_self_prompts_from_smollm2(tmp_path):
+    """The real model writes distinct, acceptable prompts after its template's user prefix; the same
+    seed gives the same prompts; excluded ones never come out."""
+    from mtp_cli.demo import source_model
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable, generate_prompts, user_prefix
+
+    model = source_model()
+    pre = user_prefix(model, "<|im_start|>", "<|im_end|>")
+    assert pre.endswith("<|im_start|>user\n")
+    cfg = SelfPromptConfig(n=6, seed=3, n_seq=4)
+    a = generate_prompts(model, cfg)
+    assert len(a) == 6 and len(set(a)) == 6 and all(acceptable(p, cfg) for p in a)
+    assert generate_prompts(model, cfg) == a
+    b = generate_prompts(model, cfg, exclude=[a[0].upper()])
+    assert a[0] not in b and b[:5] == a[1:]
+
+
 def test_export_round_trip_loads_with_mtp(trained):
     """The packed OUT loads with load_mtp=True and its MTP context computes the trained torch head."""
     import torch

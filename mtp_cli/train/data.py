@@ -31,7 +31,8 @@ import numpy as np
 from mtp_cli import llama_ext as lx
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
-BUILTIN_PROMPTS = PROMPTS_DIR / "prompts.txt"
+BUILTIN_PROMPTS = PROMPTS_DIR / "prompts.txt"  # templated: every kind of request, subjects repeat
+SELF_PROMPTS = PROMPTS_DIR / "self_prompts.txt"  # written by SmolLM2 itself: varied, natural
 BUILTIN_TEXT = PROMPTS_DIR / "stdlib_docs.txt"
 _FILES = (("tokens.i32", np.int32, ()), ("h.f16", np.float16, ("E",)), ("topk_id.i32", np.int32, ("K",)),
           ("topk_lp.f16", np.float16, ("K",)))
@@ -53,6 +54,15 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     """One prompt per line; blank lines and lines starting with # are skipped."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [s.strip() for s in lines if s.strip() and not s.lstrip().startswith("#")]
+
+
+def builtin_prompts() -> list[str]:
+    """The built-in prompts: self-written and templated ones alternating, so that a short run
+    (collection stops part-way) gets both the variety and every kind."""
+    a, b = read_prompts(SELF_PROMPTS), read_prompts(BUILTIN_PROMPTS)
+    out = [p for pair in zip(a, b) for p in pair]
+    n = min(len(a), len(b))
+    return out + a[n:] + b[n:]
 
 
 def read_documents(path: str | os.PathLike[str]) -> list[str]:
@@ -270,8 +280,12 @@ class BatchedAnswerer:
     context, one decode per step for all of them (a batch of b rows costs far less than b single
     decodes). Every decoded row yields its h row and top-k, so the answers need no second pass."""
 
-    def __init__(self, model: lx.ModelPtr, *, max_len: int, top_k: int, n_seq: int, n_threads: int | None):
+    def __init__(self, model: lx.ModelPtr, *, max_len: int, top_k: int, n_seq: int, n_threads: int | None,
+                 temp: float = 0.0, seed: int = 0):
+        """`temp` > 0: sample each next token from the top-k at this temperature (a generator per
+        sequence, seeded from `seed` and the job's key) instead of taking the greedy one."""
         self.model, self.max_len, self.top_k, self.n_seq = model, max_len, top_k, n_seq
+        self.temp, self.seed = float(temp), int(seed)
         self.ctx = lx.create_context(model, n_ctx=max_len * n_seq, n_batch=max(max_len, n_seq), n_seq_max=n_seq,
                                      n_threads=n_threads)
         lx.set_embeddings_nextn(self.ctx, True, False)
@@ -333,6 +347,8 @@ class BatchedAnswerer:
         self.t += time.perf_counter() - t0
         sl = {"key": key, "tokens": [], "h": [], "ids": [], "lps": [], "n_prompt": len(ptoks),
               "limit": min(self.max_len, len(ptoks) + max(0, n_new))}
+        if self.temp > 0.0:
+            sl["rng"] = np.random.default_rng([self.seed, int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)])
         self._append(sl, ptoks, h, ids, lps)
         if self._finished(sl):
             self._finish(s, sl, on_done)
@@ -344,7 +360,14 @@ class BatchedAnswerer:
         sl["h"].append(h.astype(np.float16))
         sl["ids"].append(ids)
         sl["lps"].append(lps)
-        sl["next"] = int(ids[-1, 0])  # greedy: the trunk's top-1 after the last row
+        sl["next"] = self._next(sl, ids[-1], lps[-1])
+
+    def _next(self, sl: dict, ids: np.ndarray, lps: np.ndarray) -> int:
+        if self.temp <= 0.0:
+            return int(ids[0])  # greedy: the trunk's top-1 after the last row
+        z = lps.astype(np.float64) / self.temp
+        p = np.exp(z - z.max())
+        return int(ids[sl["rng"].choice(len(ids), p=p / p.sum())])
 
     def _finished(self, sl: dict) -> bool:
         return len(sl["tokens"]) >= sl["limit"] or lx.is_eog(self.model, sl["next"])
@@ -353,7 +376,7 @@ class BatchedAnswerer:
         lx.memory_seq_rm(self.ctx, s, 0, -1)
         on_done(sl["key"], {"tokens": np.asarray(sl["tokens"], np.int32), "h": np.concatenate(sl["h"]),
                             "topk_id": np.concatenate(sl["ids"]), "topk_lp": np.concatenate(sl["lps"]),
-                            "n_prompt": sl["n_prompt"]})
+                            "n_prompt": sl["n_prompt"], "eog": lx.is_eog(self.model, sl["next"])})
 
     def close(self) -> None:
         lx.free_context(self.ctx)
@@ -387,7 +410,6 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
     teacher: TrunkTeacher | None = None
     answerers: list[BatchedAnswerer] = []
     store: Store | None = None
-    workers: list[threading.Thread] = []
     halt = threading.Event()
     try:
         model = rt.model
@@ -399,7 +421,6 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
         windows = list(text_windows(model, texts, cfg.max_len))
         total = len(windows) + len(prompts)
         done = 0
-        lock = threading.Lock()
 
         def report(kind: str) -> None:
             if progress:
@@ -439,57 +460,22 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
                 ptoks = rt.tokenize(text, add_special=True, parse_special=chat)[: cfg.max_len - 8]
                 yield key, ptoks, min(cfg.max_new, cfg.max_len - len(ptoks))
 
-        pending = jobs()
-
-        def next_job() -> Iterable[tuple[str, list[int], int]]:
-            while True:
-                with lock:
-                    job = next(pending, None)
-                if job is None:
-                    return
-                yield job
-
-        def finished(key: str, seq: dict) -> None:
+        def finished(key: str, seq: dict) -> None:  # (run_answerers calls it under its lock)
             nonlocal done
-            with lock:
-                store.append(key, "prompt", "heldout" if is_heldout(key, cfg.seed, cfg.heldout) else "train",
-                             seq["tokens"], seq["h"], seq["topk_id"], seq["topk_lp"], n_prompt=seq["n_prompt"])
-                done += 1
-                report("prompt")
+            store.append(key, "prompt", "heldout" if is_heldout(key, cfg.seed, cfg.heldout) else "train",
+                         seq["tokens"], seq["h"], seq["topk_id"], seq["topk_lp"], n_prompt=seq["n_prompt"])
+            done += 1
+            report("prompt")
 
-        errors: list[BaseException] = []
-
-        def work(a: BatchedAnswerer) -> None:
-            try:
-                a.run(next_job(), finished, lambda: halt.is_set() or bool(should_stop and should_stop()))
-            except BaseException as e:  # re-raised in the caller's thread
-                errors.append(e)
-                halt.set()
-
-        # one answerer per thread, each with its own context and one llama.cpp thread: llama_decode
-        # releases the GIL, and independent contexts scale where one context's threads would not
+        # one answerer per thread, each with its own context and one llama.cpp thread
         if prompts:
             for _ in range(max(1, cfg.n_threads or 1)):
                 answerers.append(BatchedAnswerer(model, max_len=cfg.max_len, top_k=cfg.top_k, n_seq=cfg.n_seq,
                                                  n_threads=1))
-        try:
-            for a in answerers:
-                workers.append(threading.Thread(target=work, args=(a,), daemon=True))
-                workers[-1].start()
-            for t in workers:
-                while t.is_alive():
-                    t.join(0.2)  # short waits: Ctrl-C reaches this thread
-        except KeyboardInterrupt:
-            halt.set()
-            _join_all(workers)
-            raise
-        if errors:
-            raise errors[0]
+        run_answerers(answerers, jobs(), finished, halt, should_stop)
         return store
     finally:
-        # contexts and the model outlive every worker that may still be decoding with them
-        halt.set()
-        _join_all(workers)
+        halt.set()  # (run_answerers has joined its workers: the contexts can go)
         if store is not None:
             store.flush()
         for a in answerers:
@@ -497,6 +483,52 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
         if teacher is not None:
             teacher.close()
         rt.close()
+
+
+def run_answerers(answerers: Sequence[BatchedAnswerer], jobs: Iterable[tuple[str, list[int], int]],
+                  on_done: Callable[[str, dict], None], halt: threading.Event,
+                  should_stop: Callable[[], bool] | None = None) -> None:
+    """Share `jobs` among the answerers, one thread each (llama_decode releases the GIL, and
+    independent contexts scale where one context's threads would not). `on_done` is called from the
+    worker threads, one at a time. Returns once every worker stopped; a worker's error is re-raised here.
+    The caller closes the answerers, after this returns (`halt` stops the workers early)."""
+    lock = threading.Lock()
+    pending = iter(jobs)
+    errors: list[BaseException] = []
+
+    def next_job() -> Iterable[tuple[str, list[int], int]]:
+        while True:
+            with lock:
+                job = next(pending, None)
+            if job is None:
+                return
+            yield job
+
+    def done(key: str, seq: dict) -> None:
+        with lock:
+            on_done(key, seq)
+
+    def work(a: BatchedAnswerer) -> None:
+        try:
+            a.run(next_job(), done, lambda: halt.is_set() or bool(should_stop and should_stop()))
+        except BaseException as e:  # re-raised in the caller's thread
+            errors.append(e)
+            halt.set()
+
+    workers = [threading.Thread(target=work, args=(a,), daemon=True) for a in answerers]
+    try:
+        for t in workers:
+            t.start()
+        for t in workers:
+            while t.is_alive():
+                t.join(0.2)  # short waits: Ctrl-C reaches this thread
+    except KeyboardInterrupt:
+        halt.set()
+        raise
+    finally:
+        _join_all(workers)  # contexts and the model outlive every worker that may still be decoding
+    if errors:
+        raise errors[0]
 
 
 def _join_all(threads: Sequence[threading.Thread]) -> None:
@@ -509,5 +541,6 @@ def _join_all(threads: Sequence[threading.Thread]) -> None:
             continue
 
 
-__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "BatchedAnswerer", "decode_rows", "read_prompts", "read_documents",
-           "source_key", "is_heldout", "topk_logprobs", "text_windows", "BUILTIN_PROMPTS", "BUILTIN_TEXT"]
+__all__ = ["CollectConfig", "CollectProgress", "Store", "TrunkTeacher", "collect", "BatchedAnswerer", "run_answerers", "decode_rows", "read_prompts", "read_documents",
+           "source_key", "is_heldout", "topk_logprobs", "text_windows", "BUILTIN_PROMPTS", "SELF_PROMPTS",
+           "builtin_prompts", "BUILTIN_TEXT"]

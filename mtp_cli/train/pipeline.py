@@ -22,7 +22,7 @@ from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import open_gguf
 from gguf_tools.gguf_write import check_output
 from mtp_cli.train import require_torch
-from mtp_cli.train.data import (BUILTIN_PROMPTS, CollectConfig, CollectProgress, Store, collect,
+from mtp_cli.train.data import (CollectConfig, CollectProgress, Store, builtin_prompts, collect,
                                 is_heldout, read_documents, read_prompts, source_key)
 
 
@@ -64,11 +64,10 @@ def sources(job: TrainJob) -> tuple[list[str], list[str]]:
     """(documents, prompts): the given files, or the built-in prompts when neither is given (answers are
     what the head drafts at decode time; text only adds variety)."""
     if not job.texts and job.prompts is None:
-        texts, prompts = [], BUILTIN_PROMPTS
+        docs, ps = [], builtin_prompts()
     else:
-        texts, prompts = list(job.texts), job.prompts
-    docs = [d for p in texts for d in read_documents(p)]
-    ps = read_prompts(prompts) if prompts is not None else []
+        docs = [d for p in job.texts for d in read_documents(p)]
+        ps = read_prompts(job.prompts) if job.prompts is not None else []
     if job.max_prompts is not None:
         ps = ps[: job.max_prompts]
     return docs, ps
@@ -149,7 +148,7 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     left = max(0.0, budget - (time.monotonic() - t0))
     tcfg = job.train if job.train is not None else TrainConfig(
         minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
-    head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast_output=True)
+    head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast=True)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)
 

@@ -245,6 +245,15 @@ class Trainer:
         """Held-out top-1 agreement with the trunk on the rows drafting sees (answers, text): (draft step 1,
         draft step 2 where step 1's token is the trunk's)."""
         head = self.head
+        was_training = head.training
+        head.eval()  # float32 block (a fast head trains in bfloat16)
+        try:
+            return self._evaluate()
+        finally:
+            head.train(was_training)
+
+    def _evaluate(self) -> tuple[float, float]:
+        head = self.head
         hit1 = n1 = hit2 = n2 = 0
         for i in range(0, len(self.heldout), self.cfg.batch_seqs):
             b = self.batcher.make(self.heldout[i:i + self.cfg.batch_seqs])
