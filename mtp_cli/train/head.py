@@ -57,8 +57,9 @@ class MtpHead(nn.Module):
                  output_norm: np.ndarray, *, fast: bool = False, output_act: str | None = None):
         """`weights`: the head's short-named weights (glm4moe_head names; shared_head_norm optional).
         `fast`: multiply by the frozen output matrix in bfloat16 (about 2.5x faster on CPUs with
-        AVX512-BF16), and by the block's weights too in training mode (a step 1.7x faster; norms,
-        residuals and attention stay float32). For training. Parity checks use float32. `output_act` ("q8" or "f16"): round
+        AVX512-BF16), and by the block's weights too in training mode (a step 1.5x faster; norms,
+        residuals and attention stay float32). For training. Parity checks use float32.
+        `output_act` ("q8" or "f16"): round
         the output matmul's input as ggml's CPU kernels do for the output matrix's type (Q8_0-family
         weights quantize the activations to Q8_0 blocks; F16 weights round them to F16)."""
         super().__init__()
