@@ -296,8 +296,8 @@ def test_self_prompts_are_clean_and_never_an_eval_prompt():
     held-out evaluation prompts (case and spacing aside)."""
     from mtp_cli.train.data import PROMPTS_DIR, SELF_PROMPTS, read_prompts
     from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
+    from mtp_cli.train.selfprompts import normalized as norm
 
-    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
     ps = read_prompts(SELF_PROMPTS)
     cfg = SelfPromptConfig(n=0)
     assert all(acceptable(p, cfg) for p in ps)

@@ -410,7 +410,6 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
     teacher: TrunkTeacher | None = None
     answerers: list[BatchedAnswerer] = []
     store: Store | None = None
-    halt = threading.Event()
     try:
         model = rt.model
         store = Store.create(root, n_embd=lx.n_embd_out(model), top_k=cfg.top_k, n_vocab=lx.n_vocab(model),
@@ -472,10 +471,9 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
             for _ in range(max(1, cfg.n_threads or 1)):
                 answerers.append(BatchedAnswerer(model, max_len=cfg.max_len, top_k=cfg.top_k, n_seq=cfg.n_seq,
                                                  n_threads=1))
-        run_answerers(answerers, jobs(), finished, halt, should_stop)
+        run_answerers(answerers, jobs(), finished, should_stop)
         return store
     finally:
-        halt.set()  # (run_answerers has joined its workers: the contexts can go)
         if store is not None:
             store.flush()
         for a in answerers:
@@ -486,13 +484,13 @@ def collect(model_path: str | os.PathLike[str], root: str | os.PathLike[str], *,
 
 
 def run_answerers(answerers: Sequence[BatchedAnswerer], jobs: Iterable[tuple[str, list[int], int]],
-                  on_done: Callable[[str, dict], None], halt: threading.Event,
-                  should_stop: Callable[[], bool] | None = None) -> None:
+                  on_done: Callable[[str, dict], None], should_stop: Callable[[], bool] | None = None) -> None:
     """Share `jobs` among the answerers, one thread each (llama_decode releases the GIL, and
     independent contexts scale where one context's threads would not). `on_done` is called from the
     worker threads, one at a time. Returns once every worker stopped; a worker's error is re-raised here.
-    The caller closes the answerers, after this returns (`halt` stops the workers early)."""
+    The caller closes the answerers, after this returns."""
     lock = threading.Lock()
+    halt = threading.Event()  # a worker's error or Ctrl-C stops the others
     pending = iter(jobs)
     errors: list[BaseException] = []
 

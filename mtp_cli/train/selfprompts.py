@@ -12,7 +12,6 @@ greedily for training data.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -59,7 +58,8 @@ class SelfPromptProgress:
     total: int
 
 
-def _norm(s: str) -> str:
+def normalized(s: str) -> str:
+    """Case and spacing aside: what counts as the same prompt."""
     return " ".join(s.lower().split())
 
 
@@ -93,8 +93,7 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
 
     rt = Runtime(model_path, spec_type="none")
     answerers: list[BatchedAnswerer] = []
-    halt = threading.Event()
-    seen = {_norm(e) for e in exclude}
+    seen = {normalized(e) for e in exclude}
     results: dict[int, str] = {}
     tried = 0
     try:
@@ -117,8 +116,8 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
             i = int(key)
             gen = rt.detokenize([int(t) for t in seq["tokens"][seq["n_prompt"]:]])
             text = (starters[i] + gen).strip()
-            if seq["eog"] and acceptable(text, cfg) and _norm(text) not in seen:
-                seen.add(_norm(text))
+            if seq["eog"] and acceptable(text, cfg) and normalized(text) not in seen:
+                seen.add(normalized(text))
                 results[i] = text
             if progress:
                 progress(SelfPromptProgress(len(results), tried, cfg.n))
@@ -128,9 +127,8 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
                                              temp=cfg.temp, seed=cfg.seed))
         # no early stop once enough are kept: the jobs in flight finish, so the first n by job order are
         # the same whatever the threads' timing
-        run_answerers(answerers, jobs(), done, halt, should_stop)
+        run_answerers(answerers, jobs(), done, should_stop)
     finally:
-        halt.set()
         for a in answerers:
             a.close()
         rt.close()
@@ -149,5 +147,5 @@ def write_prompts(path: str | os.PathLike[str], prompts: Sequence[str], header: 
     os.replace(tmp, path)
 
 
-__all__ = ["STARTERS", "SelfPromptConfig", "SelfPromptProgress", "generate_prompts", "write_prompts", "acceptable",
+__all__ = ["STARTERS", "SelfPromptConfig", "SelfPromptProgress", "generate_prompts", "write_prompts", "acceptable", "normalized",
            "user_prefix"]
