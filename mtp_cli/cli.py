@@ -525,5 +525,9 @@ def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prom
     r = res.train
     err.print(f"held-out top-1 agreement with the trunk: step 1 {r.initial[0]:.1%} -> {r.final[0]:.1%}, "
               f"step 2 {r.initial[1]:.1%} -> {r.final[1]:.1%} ({r.steps} steps, {r.steps_per_s:.2f} steps/s)")
+    if r.fit is not None:
+        err.print(f"on training rows: step 1 {r.fit[0]:.1%}, step 2 {r.fit[1]:.1%}"
+                  + (" (far above held-out: more data would help more than more steps)"
+                     if r.fit[0] - r.final[0] >= 0.15 else ""))
     err.print(f"wrote {res.out} ({res.out.stat().st_size / 1e6:.1f} MB)"
               + (f"; use it with: mtp-cli generate -m {res.trunk} -md {res.out} --spec-type mtp" if sidecar else ""))

@@ -84,6 +84,7 @@ class TrainResult:
     initial: tuple[float, float]  # held-out (step 1, step 2) top-1 before this run's first step
     final: tuple[float, float]
     history: list[dict] = field(default_factory=list)
+    fit: tuple[float, float] | None = None  # the same on training rows: far above `final`, more data beats more steps
 
 
 class Batcher:
@@ -142,6 +143,17 @@ def _loss(logits: torch.Tensor, ids: torch.Tensor, lp: torch.Tensor, kind: str, 
     return kl if kind == "kl" else 0.5 * (kl + ce)
 
 
+def _leading(seqs: list[dict], rows: int) -> list[dict]:
+    """The first sequences of `seqs` until `rows` rows are reached."""
+    out, n = [], 0
+    for s in seqs:
+        if n >= rows:
+            break
+        out.append(s)
+        n += s["len"]
+    return out
+
+
 class Trainer:
     def __init__(self, head: MtpHead, store: Store, cfg: TrainConfig = TrainConfig(),
                  checkpoint: str | os.PathLike[str] | None = None):
@@ -151,13 +163,8 @@ class Trainer:
         self.batcher = Batcher(store)
         # by source key: the order sequences finished in (threads) must not change what a seed trains on
         self.train_seqs = sorted(store.split("train"), key=lambda s: s["key"])
-        self.heldout = []
-        rows = 0
-        for s in sorted(store.split("heldout"), key=lambda s: s["key"]):
-            if rows >= cfg.eval_rows:
-                break
-            self.heldout.append(s)
-            rows += s["len"]
+        self.heldout = _leading(sorted(store.split("heldout"), key=lambda s: s["key"]), cfg.eval_rows)
+        self.fit_probe = _leading(self.train_seqs, cfg.eval_rows)  # keys are hashes: a random sample
         if not self.train_seqs:
             raise ValueError("no training sequences collected")
         torch.manual_seed(cfg.seed)
@@ -241,22 +248,22 @@ class Trainer:
         return cfg.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0.0, frac)))))
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """Held-out top-1 agreement with the trunk on the rows drafting sees (answers, text): (draft step 1,
-        draft step 2 where step 1's token is the trunk's)."""
+    def evaluate(self, seqs: list[dict] | None = None) -> tuple[float, float]:
+        """Top-1 agreement with the trunk on the rows drafting sees (answers, text) of `seqs` (default: the
+        held-out ones): (draft step 1, draft step 2 where step 1's token is the trunk's)."""
         head = self.head
         was_training = head.training
         head.eval()  # float32 block (a fast head trains in bfloat16)
         try:
-            return self._evaluate()
+            return self._evaluate(self.heldout if seqs is None else seqs)
         finally:
             head.train(was_training)
 
-    def _evaluate(self) -> tuple[float, float]:
+    def _evaluate(self, seqs: list[dict]) -> tuple[float, float]:
         head = self.head
         hit1 = n1 = hit2 = n2 = 0
-        for i in range(0, len(self.heldout), self.cfg.batch_seqs):
-            b = self.batcher.make(self.heldout[i:i + self.cfg.batch_seqs])
+        for i in range(0, len(seqs), self.cfg.batch_seqs):
+            b = self.batcher.make(seqs[i:i + self.cfg.batch_seqs])
             hout, k, v = head(b["tokens"], b["hprev"])
             m = b["valid"] & b["answer"]
             hit1 += int((head.logits(hout[m]).argmax(-1) == b["ids"][m][:, 0]).sum())
@@ -337,10 +344,11 @@ class Trainer:
         secs = elapsed()
         self._save_at(secs)
         self.elapsed_total += secs
+        fit = self.evaluate(self.fit_probe) if self.heldout else None  # only worth reading beside held-out
         report(final=True)
         head.eval()
         return TrainResult(steps_done, secs, steps_done / t_train if t_train else 0.0,
-                           rows_done / t_train if t_train else 0.0, init, last, list(self.history))
+                           rows_done / t_train if t_train else 0.0, init, last, list(self.history), fit)
 
     def _save_at(self, secs: float) -> None:
         before = self.elapsed_total
