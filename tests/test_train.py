@@ -190,8 +190,8 @@ def test_training_raises_heldout_agreement(trained):
     assert r.steps == 120
     assert r.final[0] > r.initial[0] + 0.2, (r.initial, r.final)  # measured: 0.14 -> ~0.6
     assert r.final[1] > r.initial[1] + 0.1, (r.initial, r.final)
-    # on training rows the head agrees at least as well as on held-out ones (a tiny store is memorised)
-    assert r.fit is not None and r.fit[0] >= r.final[0] and r.fit[0] > r.initial[0] + 0.2, (r.fit, r.final)
+    # on training rows the head agrees better than on held-out ones (a tiny store is memorised)
+    assert r.fit is not None and r.fit[0] > r.final[0] + 0.05, (r.fit, r.final)  # measured: 0.73 vs 0.56
 
 
 def test_store_split_and_resume(trained):
