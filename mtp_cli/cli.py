@@ -474,6 +474,9 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
 @click.option("--own-output", type=click.Choice(["q4_0", "q8_0", "none"]), default="q4_0", show_default=True,
               help="Give the head its own full-vocabulary output matrix of this type (a copy of the trunk's; "
                    "Q4_0 halved the draft step on SmolLM2) or none (read the trunk's).")
+@click.option("--fit-output", type=click.Choice(["trunk", "q4_0", "q8_0"]), default=None,
+              help="Output matrix the head is trained against [default: the one OUT drafts with]; q4_0 with "
+                   "--own-output none for a head to be packed with its own Q4_0 copy later.")
 @click.option("--sidecar", is_flag=True, help="Write OUT as an MTP-only sidecar (use it with -md) instead of trunk + head.")
 @click.option("-s", "--seed", type=int, default=0, show_default=True)
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="Threads [default: cores, up to 4].")
@@ -483,7 +486,7 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
 @click.option("--work", type=click.Path(path_type=Path), default=None,
               help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
 def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
-          collect_share: float, head_type: str, own_output: str, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
+          collect_share: float, head_type: str, own_output: str, fit_output: str | None, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
           work: Path | None) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
@@ -498,8 +501,8 @@ def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prom
     from mtp_cli.train.pipeline import TrainJob, run_train
 
     job = TrainJob(model=model, out=out, texts=texts, prompts=prompts, minutes=minutes, collect_share=collect_share,
-                   head_type=head_type,
-                   own_output=None if own_output == "none" else own_output, sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts,
+                   head_type=head_type, own_output=None if own_output == "none" else own_output, fit_output=fit_output,
+                   sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts,
                    n_threads=threads if threads is not None else default_threads(),
                    overwrite=overwrite)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731

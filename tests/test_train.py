@@ -372,6 +372,23 @@ def test_export_round_trip_loads_with_mtp(trained):
     assert acc2.drafted > 0
 
 
+def test_head_trains_against_the_output_matrix_it_drafts_with(trained):
+    from dataclasses import replace
+
+    from mtp_cli.train.pipeline import training_weights
+    from mtp_cli.train.trunk import Trunk, initial_weights
+
+    res, job = trained["res"], trained["job"]
+    tr = Trunk(res.trunk)
+    exported = initial_weights(Trunk(res.out), "slot")["shared_head_head"]  # OUT's own Q4_0 output, dequantized
+    assert np.array_equal(training_weights(tr, job)["shared_head_head"], exported)
+    trunk_out = tr.embed() if tr.params.tied_output else tr.output()
+    assert not np.array_equal(exported, trunk_out)  # Q4_0 rounding moved it
+    assert "shared_head_head" not in training_weights(tr, replace(job, own_output=None))  # the trunk's, as is
+    fit = training_weights(tr, replace(job, own_output=None, fit_output="q4_0"))["shared_head_head"]
+    assert np.array_equal(fit, exported)  # a head to be packed with its own Q4_0 copy later
+
+
 def test_training_is_deterministic_and_resumes(trained, tmp_path):
     import torch
 

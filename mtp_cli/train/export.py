@@ -32,14 +32,30 @@ def own_output_tensor(trunk: GGUFFile, index: int, kind: str) -> ArrayTensor:
     """`blk.{index}.nextn.shared_head_head.weight`: the trunk's output matrix (or tied embedding),
     dequantized and requantized to `kind`. Full vocabulary, so drafts are unchanged except for rounding;
     llama.cpp's CPU backend repacks it for its fast kernels (the tied token embedding is not)."""
-    from mtp_cli.train.trunk import read_f32
-
-    if kind not in OWN_OUTPUT_TYPES:
-        raise ValueError(f"unknown output type {kind!r} ({', '.join(OWN_OUTPUT_TYPES)})")
-    out = read_f32(trunk, "output.weight" if "output.weight" in trunk.tensors else "token_embd.weight")
-    qt = OWN_OUTPUT_TYPES[kind]
+    qt = _own_type(kind)
+    out = _trunk_output(trunk)
     return ArrayTensor(f"blk.{index}.nextn.shared_head_head.weight", qt, tuple(reversed(out.shape)),
                        quants.quantize(out, qt))
+
+
+def drafted_output(trunk: GGUFFile, kind: str) -> np.ndarray:
+    """The float32 values of own_output_tensor(trunk, _, kind): the matrix a head with that own
+    output drafts with, so the one to train it against (Q4_0 rounding flips top-1 at close calls)."""
+    qt = _own_type(kind)
+    out = _trunk_output(trunk)
+    return np.asarray(quants.dequantize(quants.quantize(out, qt), qt), dtype=np.float32).reshape(out.shape)
+
+
+def _own_type(kind: str) -> GGMLQuantizationType:
+    if kind not in OWN_OUTPUT_TYPES:
+        raise ValueError(f"unknown output type {kind!r} ({', '.join(OWN_OUTPUT_TYPES)})")
+    return OWN_OUTPUT_TYPES[kind]
+
+
+def _trunk_output(trunk: GGUFFile) -> np.ndarray:
+    from mtp_cli.train.trunk import read_f32
+
+    return read_f32(trunk, "output.weight" if "output.weight" in trunk.tensors else "token_embd.weight")
 
 
 def sidecar_plan(trunk: GGUFFile, weights: Mapping[str, np.ndarray], head_type: str = "f16",
@@ -80,4 +96,4 @@ def export_model(trunk_path: str | os.PathLike[str], weights: Mapping[str, np.nd
         return ops.pack(trunk_path, side, out, PackOptions(head_type="keep", replace=has_head), overwrite=overwrite)
 
 
-__all__ = ["HEAD_TYPES", "OWN_OUTPUT_TYPES", "own_output_tensor", "sidecar_plan", "write_sidecar", "export_model"]
+__all__ = ["HEAD_TYPES", "OWN_OUTPUT_TYPES", "own_output_tensor", "drafted_output", "sidecar_plan", "write_sidecar", "export_model"]

@@ -36,6 +36,9 @@ class TrainJob:
     collect_share: float = 0.5
     head_type: str = "f16"
     own_output: str | None = "q4_0"  # head-owned output matrix (export.OWN_OUTPUT_TYPES) or None: the trunk's
+    # the output matrix trained against: "trunk" or an own-output type (for a head packed with its own
+    # copy later, as the demo's is); None: the one OUT drafts with
+    fit_output: str | None = None
     sidecar: bool = False  # write an MTP-only sidecar instead of the packed model
     seed: int = 0
     work: Path | None = None
@@ -102,12 +105,14 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     from mtp_cli.train.export import HEAD_TYPES, OWN_OUTPUT_TYPES, export_model, write_sidecar
     from mtp_cli.train.head import MtpHead
     from mtp_cli.train.trainer import TrainConfig, Trainer
-    from mtp_cli.train.trunk import Trunk, initial_weights
+    from mtp_cli.train.trunk import Trunk
 
     if job.head_type not in HEAD_TYPES:
         raise RefusedError(f"unknown head type {job.head_type!r} ({', '.join(HEAD_TYPES)})")
     if job.own_output is not None and job.own_output not in OWN_OUTPUT_TYPES:
         raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
+    if job.fit_output is not None and job.fit_output not in ("trunk", *OWN_OUTPUT_TYPES):
+        raise RefusedError(f"unknown output type to train against {job.fit_output!r} (trunk, {', '.join(OWN_OUTPUT_TYPES)})")
     if job.minutes < 0:
         raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
     if not 0.0 <= job.collect_share <= 1.0:
@@ -148,7 +153,7 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     left = max(0.0, budget - (time.monotonic() - t0))
     tcfg = job.train if job.train is not None else TrainConfig(
         minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
-    head = MtpHead.from_trunk(trunk, initial_weights(trunk, job.init, job.seed), fast=True)
+    head = MtpHead.from_trunk(trunk, training_weights(trunk, job), fast=True)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)
 
@@ -159,6 +164,19 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     else:
         export_model(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
     return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, ccfg.heldout))
+
+
+def training_weights(trunk, job: TrainJob) -> dict:
+    """The head's starting weights, plus the output matrix it drafts with when that is not the trunk's
+    (frozen: export writes the same values again, from the trunk)."""
+    from mtp_cli.train.export import drafted_output
+    from mtp_cli.train.trunk import initial_weights
+
+    w = initial_weights(trunk, job.init, job.seed)
+    fit = job.fit_output or job.own_output or "trunk"
+    if fit != "trunk" and "shared_head_head" not in w:
+        w["shared_head_head"] = drafted_output(trunk.gf, fit)
+    return w
 
 
 @dataclass
