@@ -150,10 +150,10 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
                            "above 0)", job.work_dir)
 
     stage("train")
-    left = max(0.0, budget - (time.monotonic() - t0))
+    head = MtpHead.from_trunk(trunk, training_weights(trunk, job), fast=True)
+    left = max(0.0, budget - (time.monotonic() - t0))  # (after the head's setup: it is part of the run)
     tcfg = job.train if job.train is not None else TrainConfig(
         minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
-    head = MtpHead.from_trunk(trunk, training_weights(trunk, job), fast=True)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)
 
@@ -168,13 +168,14 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
 
 def training_weights(trunk, job: TrainJob) -> dict:
     """The head's starting weights, plus the output matrix it drafts with when that is not the trunk's
-    (frozen: export writes the same values again, from the trunk)."""
+    (frozen: export writes the same values again, from the trunk; a slot's own copy is never exported)."""
     from mtp_cli.train.export import drafted_output
     from mtp_cli.train.trunk import initial_weights
 
     w = initial_weights(trunk, job.init, job.seed)
+    w.pop("shared_head_head", None)
     fit = job.fit_output or job.own_output or "trunk"
-    if fit != "trunk" and "shared_head_head" not in w:
+    if fit != "trunk":
         w["shared_head_head"] = drafted_output(trunk.gf, fit)
     return w
 
