@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gguf_tools import ops
 from gguf_tools.archs import ADOPTABLE_ARCHS
@@ -24,6 +25,11 @@ from gguf_tools.gguf_write import check_output
 from mtp_cli.train import require_torch
 from mtp_cli.train.data import (CollectConfig, CollectProgress, Store, builtin_prompts, collect,
                                 is_heldout, read_documents, read_prompts, source_key)
+
+if TYPE_CHECKING:  # annotations only
+    import numpy as np
+
+    from mtp_cli.train.trunk import Trunk
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,7 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, ccfg.heldout))
 
 
-def training_weights(trunk, job: TrainJob) -> dict:
+def training_weights(trunk: Trunk, job: TrainJob) -> dict[str, np.ndarray]:
     """The head's starting weights, plus the output matrix it drafts with when that is not the trunk's
     (frozen: export writes the same values again, from the trunk; a slot's own copy is never exported)."""
     from mtp_cli.train.export import drafted_output

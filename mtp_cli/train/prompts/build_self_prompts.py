@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="add n prompts after the ones OUT holds (use another seed)")
     args = ap.parse_args()
     old = read_prompts(args.out) if args.append and args.out.is_file() else []
-    commands = [h for h in header_lines(args.out)[1:]] if old else []
+    commands = header_lines(args.out)[1:] if old else []
     lx.quiet_logs()
     model = source_model()
     t0 = time.perf_counter()
