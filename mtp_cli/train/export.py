@@ -32,8 +32,12 @@ def own_output_tensor(trunk: GGUFFile, index: int, kind: str) -> ArrayTensor:
     """`blk.{index}.nextn.shared_head_head.weight`: the trunk's output matrix (or tied embedding),
     dequantized and requantized to `kind`. Full vocabulary, so drafts are unchanged except for rounding;
     llama.cpp's CPU backend repacks it for its fast kernels (the tied token embedding is not)."""
-    qt = _own_type(kind)
-    out = _trunk_output(trunk)
+    from mtp_cli.train.trunk import read_f32
+
+    if kind not in OWN_OUTPUT_TYPES:
+        raise ValueError(f"unknown output type {kind!r} ({', '.join(OWN_OUTPUT_TYPES)})")
+    out = read_f32(trunk, "output.weight" if "output.weight" in trunk.tensors else "token_embd.weight")
+    qt = OWN_OUTPUT_TYPES[kind]
     return ArrayTensor(f"blk.{index}.nextn.shared_head_head.weight", qt, tuple(reversed(out.shape)),
                        quants.quantize(out, qt))
 
@@ -41,21 +45,8 @@ def own_output_tensor(trunk: GGUFFile, index: int, kind: str) -> ArrayTensor:
 def drafted_output(trunk: GGUFFile, kind: str) -> np.ndarray:
     """The float32 values of own_output_tensor(trunk, _, kind): the matrix a head with that own
     output drafts with, so the one to train it against (Q4_0 rounding flips top-1 at close calls)."""
-    qt = _own_type(kind)
-    out = _trunk_output(trunk)
-    return np.asarray(quants.dequantize(quants.quantize(out, qt), qt), dtype=np.float32).reshape(out.shape)
-
-
-def _own_type(kind: str) -> GGMLQuantizationType:
-    if kind not in OWN_OUTPUT_TYPES:
-        raise ValueError(f"unknown output type {kind!r} ({', '.join(OWN_OUTPUT_TYPES)})")
-    return OWN_OUTPUT_TYPES[kind]
-
-
-def _trunk_output(trunk: GGUFFile) -> np.ndarray:
-    from mtp_cli.train.trunk import read_f32
-
-    return read_f32(trunk, "output.weight" if "output.weight" in trunk.tensors else "token_embd.weight")
+    t = own_output_tensor(trunk, 0, kind)
+    return np.asarray(quants.dequantize(t.data, t.type), dtype=np.float32).reshape(tuple(reversed(t.shape)))
 
 
 def sidecar_plan(trunk: GGUFFile, weights: Mapping[str, np.ndarray], head_type: str = "f16",
