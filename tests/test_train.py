@@ -418,6 +418,10 @@ def test_training_is_deterministic_and_resumes(trained, tmp_path):
     for k, v in a.w.items():
         assert torch.equal(v, b.w[k]), k  # same seed, same steps: same weights
         assert torch.allclose(v, c2.w[k], atol=1e-6), k  # 6 + 6 steps resumed = 12 steps
+    # a resumed run takes this run's weight decay, not the checkpoint's (lr is set every step anyway)
+    t3 = Trainer(fresh(), store, replace(cfg, weight_decay=0.0), checkpoint=tmp_path / "c.ckpt")
+    assert [g["weight_decay"] for g in t3.opt.param_groups] == [0.0] * len(t3.opt.param_groups)
+    assert cfg.weight_decay > 0.0
 
 
 def test_cli_train_writes_a_sidecar(trained, tmp_path):

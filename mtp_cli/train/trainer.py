@@ -45,7 +45,7 @@ class TrainConfig:
     batch_seqs: int = 4
     lr: float = 1.5e-3  # measured on SmolLM2 (2.5 min runs): 1.5e-3 beat 5e-4
     warmup: int = 20
-    weight_decay: float = 0.0
+    weight_decay: float = 0.1  # AdamW's; measured on a 30-min run's data: +1.1 points held-out top-1 over 0
     loss: str = "kl"
     unroll: bool = True
     unroll_from: float = 0.5  # train step 2 once this share of the budget (time, else max_steps) is spent
@@ -186,6 +186,8 @@ class Trainer:
         st = torch.load(self.ckpt, weights_only=False)
         self.head.w.load_state_dict(st["weights"])
         self.opt.load_state_dict(st["opt"])
+        for g in self.opt.param_groups:  # (the checkpoint's own would win otherwise; lr is set every step)
+            g["weight_decay"] = self.cfg.weight_decay
         self.step, self.elapsed_total, self.history = st["step"], st["elapsed_total"], st["history"]
         self.rng.bit_generator.state = st["rng"]
         torch.set_rng_state(st["torch_rng"])
