@@ -485,9 +485,12 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
               help="Start from random weights, the trunk's last block, or the file's head slot.")
 @click.option("--work", type=click.Path(path_type=Path), default=None,
               help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak learning rate [default: 1.5e-3]. A resumed run goes on from its place in the decay "
+                   "(to 0.1 x this by the end), so a lower --lr anneals a trained head.")
 def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
           collect_share: float, head_type: str, own_output: str, fit_output: str | None, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
-          work: Path | None) -> None:
+          work: Path | None, lr: float | None) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
     MODEL: a glm4moe trunk (adopted or native, with or without a head slot), or a llama / qwen2 /
@@ -504,7 +507,7 @@ def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prom
                    head_type=head_type, own_output=None if own_output == "none" else own_output, fit_output=fit_output,
                    sidecar=sidecar, seed=seed, work=work, init=init, max_prompts=max_prompts,
                    n_threads=threads if threads is not None else default_threads(),
-                   overwrite=overwrite)
+                   overwrite=overwrite, lr=lr)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err, transient=False) as bar:

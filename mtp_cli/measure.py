@@ -5,9 +5,11 @@
 - `median_run`: repeats of that, the median by tokens/s.
 - `measure_costs`: the machine's cost model (DESIGN 6), measured directly with llama_decode:
   T = one plain token; v(N) = a target decode of N+1 tokens with logits on every row (and the
-  MTP h rows on), relative to T; c = one MTP head decode of one row, relative to T; c(m) = a head
-  decode of m rows (the first draft decode of a step also carries the a tokens accepted by the
-  previous step: m = a + 1, and several rows cost more than one on a CPU). With the per-step
+  MTP h rows on), relative to T; c(m) = a step's first head decode, of m rows (it also carries the
+  a tokens accepted by the previous step: m = a + 1, and several rows cost more than one on a
+  CPU); c = a later one-row head decode of the step. Both are timed interleaved with the verify
+  decodes, as a step runs them (the two models evict each other from the CPU caches: timed back
+  to back, each ran 2-5% cheaper than in the loop and the first head decode 0.3-0.5 ms). With the per-step
   Python overheads from real runs, one MTP step at N costs
       cost(N) = v(N) + c(E) + (N-1) c + o(N)      (c(E): the first decode, at the mean m = E),
   and MTP's speed ratio is E(N) (1 + o_plain) / cost(N), E(N) = 1 + sum_{i<N} A_i,
@@ -201,8 +203,8 @@ class CostModel:
 
     t_ms: float  # T
     verify: list[float]  # v(N), N = 0..n_max (v(0): one token with MTP's h rows on)
-    draft: float  # c: one head row
-    draft_rows: list[float] = field(default_factory=list)  # c(m), m = 1..n_max+1 rows in one head decode
+    draft: float  # c: a step's later one-row head decode
+    draft_rows: list[float] = field(default_factory=list)  # c(m), m = 1.. rows in a step's first head decode
     overhead_plain: float = 0.0  # per plain token, outside llama_decode
     overhead: dict[int, float] = field(default_factory=dict)  # per MTP step at N, outside llama_decode
 
@@ -308,11 +310,13 @@ def solve_alpha(tokens: float, n: int) -> Optional[float]:
 def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int], *, rounds: int = 3,
                   reps: int = 4) -> CostModel:
     """Time llama_decode directly: T (one token, plain), v(N) for N = 0..n_max (N+1 tokens, logits on
-    every row, h rows on: what an MTP verify step decodes), c(m) (an MTP head decode of m rows). Each sample decodes
-    at the next position and removes the N extra cells again, as a verify step that accepts nothing;
-    each round decodes a block of `reps` samples per N (after one unmeasured decode: llama.cpp
-    reuses a graph only for the same batch shape, as in a run at fixed N), rotating the order of N
-    so drift hits every N alike; medians."""
+    every row, h rows on: what an MTP verify step decodes) and, after each verify at N >= 1, the
+    step's head decodes: the first of m rows (m cycling through 1..n_max+1: catch-up rows + the
+    draft row; c(m)), then N-1 of one row (c). Each sample decodes at the next position and removes
+    the N extra cells (and the head's rows) again, as a step that accepts nothing; each round
+    decodes a block of `reps` samples per N (after one unmeasured sample: llama.cpp reuses a graph
+    only for the same batch shape, as in a run at fixed N), rotating the order of N so drift hits
+    every N alike; medians."""
     if rt.head_model is None:
         raise NoMtpHeadError(f"{rt.model_path.name}: the cost model needs the MTP head (load the runtime for mtp)")
     base = replace(cfg.validated(), spec_type="mtp", draft_n_max=n_max, draft_p_min=0.0)
@@ -324,7 +328,7 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
         from mtp_cli.runtime import ConfigValueError
 
         raise ConfigValueError(f"the context ({ctxs.n_ctx} tokens) is too small to measure costs at N={n_max}")
-    toks = [prompt[i % len(prompt)] for i in range(n_max + 1)]
+    toks = [prompt[i % len(prompt)] for i in range(2 * n_max + 2)]
     b = lx.Batch(max(lx.n_batch(tgt), n_max + 1))
     lx.memory_clear(tgt)
     d.begin(prompt)
@@ -340,9 +344,12 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
     pos = p_end = dpos = len(prompt)
     plain: list[float] = []
     verify: list[list[float]] = [[] for _ in range(n_max + 1)]
-    draft: list[list[float]] = [[] for _ in range(n_max + 1)]
+    first: list[list[float]] = [[] for _ in range(n_max + 1)]  # c(m), by m - 1
+    single: list[float] = []  # c
+    n_first = 0  # measured first decodes so far: m cycles with it, so the measured m are always 1..k
     db = lx.Batch(n_max + 1, d.E)  # type: ignore[attr-defined]
     shared = getattr(d, "mem_shared", False)
+
     def rewind() -> None:  # decode cost grows with the position: measure every block from the prompt's end
         nonlocal pos
         if not rt.recurrent:  # (a recurrent state cannot roll back that far; its cost hardly depends on pos)
@@ -363,6 +370,27 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
             pos += 1
         lx.set_embeddings_nextn(tgt, True, False)
 
+    def head_step(n: int, timed: bool) -> None:
+        """A step's head decodes at N = n, logits on each last row; the head's memory is not advanced
+        (the rows are removed again). A drafter sharing the target's memory has no catch-up: m = 1."""
+        nonlocal n_first
+        m = 1 if shared else 1 + n_first % (n_max + 1)
+        p = dpos
+        for k in range(n):
+            rows = m if k == 0 else 1
+            db.clear()
+            for j in range(rows):
+                db.add(toks[j], pos if shared else p + j, logits=j == rows - 1, h=d.pending_h)  # type: ignore[attr-defined]
+            t = _now()
+            lx.decode(d.ctx, db)  # type: ignore[attr-defined]
+            if timed:
+                (first[m - 1] if k == 0 else single).append(_now() - t)
+            p += rows
+        if timed and n:
+            n_first += 1
+        if not shared:
+            lx.memory_seq_rm(d.ctx, 0, dpos, -1)  # type: ignore[attr-defined]
+
     try:
         for r in range(rounds):
             plain_block()
@@ -380,28 +408,15 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
                         verify[n].append(_now() - t)
                     if n and not lx.memory_seq_rm(tgt, 0, pos + 1, -1):
                         raise lx.LlamaError(f"the target context refused to roll back {n} positions while measuring")
+                    head_step(n, timed=i > 0)
                     pos += 1
-            # c(m): one head decode of m rows, logits on the last (m-1 catch-up rows + the draft row);
-            # the head's memory is not advanced (the rows are removed again). A drafter sharing the
-            # target's memory has no catch-up: one row.
-            for m in range(1, (1 if shared else n_max + 1) + 1):
-                for i in range(reps + 1):
-                    db.clear()
-                    for j in range(m):
-                        db.add(toks[j], (dpos + j) if not shared else pos, logits=j == m - 1,
-                               h=d.pending_h)  # type: ignore[attr-defined]
-                    t = _now()
-                    lx.decode(d.ctx, db)  # type: ignore[attr-defined]
-                    if i:
-                        draft[m - 1].append(_now() - t)
-                    if not shared:
-                        lx.memory_seq_rm(d.ctx, 0, dpos, -1)  # type: ignore[attr-defined]
     finally:
         lx.memory_clear(tgt)
         d.begin([])
     T = statistics.median(plain)
-    rows = [statistics.median(x) / T for x in draft if x]
-    return CostModel(t_ms=1e3 * T, verify=[statistics.median(v) / T for v in verify], draft=rows[0], draft_rows=rows)
+    rows = [statistics.median(x) / T for x in first if x]
+    c = statistics.median(single) / T if single else rows[0]
+    return CostModel(t_ms=1e3 * T, verify=[statistics.median(v) / T for v in verify], draft=c, draft_rows=rows)
 
 
 def add_overheads(cm: CostModel, results: dict[int, GenStats], plain: Optional[GenStats]) -> CostModel:

@@ -444,9 +444,14 @@ def test_cli_train_writes_a_sidecar(trained, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(trained["job"].work_dir, work)
     r = CliRunner().invoke(main, ["train", str(trained["src"]), "-o", str(tmp_path / "again.gguf"), "--work", str(work),
-                                  "--minutes", "0", "--sidecar"])
+                                  "--minutes", "0", "--sidecar", "--lr", "1e-4"])
     assert r.exit_code == 0, r.output
     assert "on training rows: step 1" in r.output
+    import torch  # --lr reaches the trainer (its config is saved in the checkpoint)
+    assert torch.load(work / "head.ckpt", weights_only=False)["config"]["lr"] == 1e-4
+    r = CliRunner().invoke(main, ["train", str(trained["src"]), "-o", str(tmp_path / "bad.gguf"), "--work", str(work),
+                                  "--minutes", "0", "--lr", "0"])
+    assert r.exit_code == 2 and "--lr" in r.output and not (tmp_path / "bad.gguf").exists()
 
 
 def test_missing_torch_gives_a_one_line_hint(tmp_path, monkeypatch):

@@ -182,7 +182,8 @@ def test_measure_costs_directly(models, arch):
         prompt = rt.tokenize("hello world, this is a prompt")
         cm = measure_costs(rt, greedy(), 3, prompt, rounds=1, reps=2)
         assert cm.t_ms > 0 and len(cm.verify) == 4 and all(v > 0 for v in cm.verify)
-        assert len(cm.draft_rows) == 4 and cm.draft == cm.draft_rows[0] > 0
+        # c(m) for m = 1..4 (the first head decode of a step cycles through them), c from the later ones
+        assert len(cm.draft_rows) == 4 and all(r > 0 for r in cm.draft_rows) and cm.draft > 0
         # the runtime still generates plain decoding's tokens afterwards (the contexts were left clean)
         ref = tokens(rt, prompt, greedy(n_predict=24))
         assert tokens(rt, prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=3)) == ref

@@ -52,6 +52,7 @@ class TrainJob:
     max_prompts: int | None = None
     n_threads: int = 1
     overwrite: bool = False
+    lr: float | None = None  # peak learning rate (None: TrainConfig's)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: object = None  # a trainer.TrainConfig (None: defaults with minutes, seed, threads)
 
@@ -119,6 +120,8 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
         raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
     if job.fit_output is not None and job.fit_output not in ("trunk", *OWN_OUTPUT_TYPES):
         raise RefusedError(f"unknown output type to train against {job.fit_output!r} (trunk, {', '.join(OWN_OUTPUT_TYPES)})")
+    if job.lr is not None and not job.lr > 0:
+        raise RefusedError(f"--lr must be above 0, got {job.lr}")
     if job.minutes < 0:
         raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
     if not 0.0 <= job.collect_share <= 1.0:
@@ -160,6 +163,8 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
     left = max(0.0, budget - (time.monotonic() - t0))  # (after the head's setup: it is part of the run)
     tcfg = job.train if job.train is not None else TrainConfig(
         minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
+    if job.lr is not None:
+        tcfg = replace(tcfg, lr=job.lr)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
     result = trainer.run(on_train, should_stop)
 
