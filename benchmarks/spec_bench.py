@@ -55,6 +55,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.model is None) == (args.tiny is None):
         ap.error("give -m MODEL or --tiny ARCH")
+    if args.predict and args.n_max < 1:
+        ap.error("--predict needs --n-max >= 1")
     tmp = tempfile.TemporaryDirectory(prefix="spec_bench.")
     model = args.model or tiny_model(args.tiny, Path(tmp.name))
     texts = PROMPTS if args.prompts is None else read_prompts(args.prompts)

@@ -486,8 +486,9 @@ def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
 @click.option("--work", type=click.Path(path_type=Path), default=None,
               help="Work folder (data, checkpoint, adopted trunk) [default: OUT.train]; rerun to resume.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Peak learning rate [default: 1.5e-3]. A resumed run goes on from its place in the decay "
-                   "(to 0.1 x this by the end), so a lower --lr anneals a trained head.")
+              help="Peak learning rate [default: 1.5e-3; not remembered by a resumed run]. The cosine decay "
+                   "(to 0.1 x this) spans every run of the checkpoint, so a resumed run starts partway down it; "
+                   "a lower --lr anneals a trained head.")
 def train(model: Path, out: Path, overwrite: bool, texts: tuple[Path, ...], prompts: Path | None, minutes: float,
           collect_share: float, head_type: str, own_output: str, fit_output: str | None, sidecar: bool, seed: int, threads: int, max_prompts: int | None, init: str,
           work: Path | None, lr: float | None) -> None:

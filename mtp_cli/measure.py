@@ -316,7 +316,9 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
     the N extra cells (and the head's rows) again, as a step that accepts nothing; each round
     decodes a block of `reps` samples per N (after one unmeasured sample: llama.cpp reuses a graph
     only for the same batch shape, as in a run at fixed N), rotating the order of N so drift hits
-    every N alike; medians."""
+    every N alike; medians. Chained heads (one decode per head) are approximated by head 0's."""
+    if n_max < 1:
+        raise ValueError(f"the cost model needs N >= 1 (got {n_max})")
     if rt.head_model is None:
         raise NoMtpHeadError(f"{rt.model_path.name}: the cost model needs the MTP head (load the runtime for mtp)")
     base = replace(cfg.validated(), spec_type="mtp", draft_n_max=n_max, draft_p_min=0.0)
@@ -328,7 +330,7 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
         from mtp_cli.runtime import ConfigValueError
 
         raise ConfigValueError(f"the context ({ctxs.n_ctx} tokens) is too small to measure costs at N={n_max}")
-    toks = [prompt[i % len(prompt)] for i in range(2 * n_max + 2)]
+    toks = [prompt[i % len(prompt)] for i in range(n_max + 1)]
     b = lx.Batch(max(lx.n_batch(tgt), n_max + 1))
     lx.memory_clear(tgt)
     d.begin(prompt)
@@ -370,7 +372,7 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
             pos += 1
         lx.set_embeddings_nextn(tgt, True, False)
 
-    def head_step(n: int, timed: bool) -> None:
+    def head_step(n: int) -> None:
         """A step's head decodes at N = n, logits on each last row; the head's memory is not advanced
         (the rows are removed again). A drafter sharing the target's memory has no catch-up: m = 1."""
         nonlocal n_first
@@ -383,10 +385,9 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
                 db.add(toks[j], pos if shared else p + j, logits=j == rows - 1, h=d.pending_h)  # type: ignore[attr-defined]
             t = _now()
             lx.decode(d.ctx, db)  # type: ignore[attr-defined]
-            if timed:
-                (first[m - 1] if k == 0 else single).append(_now() - t)
+            (first[m - 1] if k == 0 else single).append(_now() - t)
             p += rows
-        if timed and n:
+        if n:
             n_first += 1
         if not shared:
             lx.memory_seq_rm(d.ctx, 0, dpos, -1)  # type: ignore[attr-defined]
@@ -408,7 +409,7 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
                         verify[n].append(_now() - t)
                     if n and not lx.memory_seq_rm(tgt, 0, pos + 1, -1):
                         raise lx.LlamaError(f"the target context refused to roll back {n} positions while measuring")
-                    head_step(n, timed=i > 0)
+                    head_step(n)  # every sample timed: the head's shapes change every step anyway
                     pos += 1
     finally:
         lx.memory_clear(tgt)

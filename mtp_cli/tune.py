@@ -165,13 +165,15 @@ def tune(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Opti
         # 1. the cost model -----------------------------------------------------------------------
         emit("costs", "measuring decode costs (T, v(N), c)")
         reps, rounds = 4, 3
-        est = rounds * (reps + 1) * ((n_max + 1) * (n_max + 2) / 2 + 2) * t_tok  # v(N) <= N+1 in practice
+        # v(N) <= N+1 in practice; after each verify at N the head decodes N times (c < 0.3 T)
+        per_sample = ((n_max + 1) * (n_max + 2) / 2 + 2 + 0.3 * n_max * (n_max + 1) / 2) * t_tok
+        est = rounds * (reps + 1) * per_sample
         while est > 0.15 * budget and (reps > 1 or rounds > 1):
             if reps > 1:
                 reps -= 1
             else:
                 rounds -= 1
-            est = rounds * (reps + 1) * ((n_max + 1) * (n_max + 2) / 2 + 2) * t_tok
+            est = rounds * (reps + 1) * per_sample
         cm_prompt = (toks[0] + toks[1 % len(toks)])[: n_ctx // 4]
         cm = measure_costs(rt, base, n_max, cm_prompt, rounds=rounds, reps=reps)
         res.cost = cm

@@ -184,6 +184,11 @@ def test_measure_costs_directly(models, arch):
         assert cm.t_ms > 0 and len(cm.verify) == 4 and all(v > 0 for v in cm.verify)
         # c(m) for m = 1..4 (the first head decode of a step cycles through them), c from the later ones
         assert len(cm.draft_rows) == 4 and all(r > 0 for r in cm.draft_rows) and cm.draft > 0
+        # the smallest setting tune can shrink to still measures c(1) and c(2) (c: no later decodes at N=1)
+        small = measure_costs(rt, greedy(), 1, prompt, rounds=1, reps=1)
+        assert len(small.draft_rows) == 2 and small.draft == small.draft_rows[0]
+        with pytest.raises(ValueError, match="N >= 1"):
+            measure_costs(rt, greedy(), 0, prompt)
         # the runtime still generates plain decoding's tokens afterwards (the contexts were left clean)
         ref = tokens(rt, prompt, greedy(n_predict=24))
         assert tokens(rt, prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=3)) == ref

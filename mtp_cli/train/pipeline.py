@@ -10,6 +10,7 @@ collected data and the training checkpoint: running the same command again resum
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -120,7 +121,7 @@ def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
         raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
     if job.fit_output is not None and job.fit_output not in ("trunk", *OWN_OUTPUT_TYPES):
         raise RefusedError(f"unknown output type to train against {job.fit_output!r} (trunk, {', '.join(OWN_OUTPUT_TYPES)})")
-    if job.lr is not None and not job.lr > 0:
+    if job.lr is not None and not (math.isfinite(job.lr) and job.lr > 0):
         raise RefusedError(f"--lr must be above 0, got {job.lr}")
     if job.minutes < 0:
         raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
