@@ -8,7 +8,8 @@
 Greedy decoding over the same prompts for every setting; each cell is the median over repeats of
 the total tokens / total generation seconds across prompts (settings interleaved repeat by repeat,
 mtp_cli.measure). Prints a table and writes JSON. With --predict it also measures the machine's decode
-costs directly (T, v(N), c: mtp_cli.measure.measure_costs) and prints the speed ratio those costs and
+costs directly after every repeat (T, v(N), c: mtp_cli.measure.measure_costs; element-wise medians,
+so the VM's drift hits the costs and the runs alike) and prints the speed ratio those costs and
 each row's measured acceptance predict, beside the measured one: a gap means time lost in the loop. (`mtp-cli bench` is the product's version:
 none, ngram, mtp N=1..4, auto and adaptive.)
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from dataclasses import replace
@@ -24,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtp_cli.measure import PROMPTS, Setting, interleaved, read_prompts, run_setting  # noqa: E402
+from mtp_cli.measure import (PROMPTS, CostModel, Setting, interleaved, measure_costs, read_prompts,  # noqa: E402
+                              run_setting)
 from mtp_cli.runtime import GenConfig, Runtime  # noqa: E402
 
 
@@ -91,7 +94,15 @@ def main() -> None:
             settings.append(Setting("adaptive", replace(base, spec_type="mtp", draft_n_max="adaptive"),
                                     AdaptiveController))
         run_setting(rt, prompts[:1], settings[0].config)  # warm-up: first-touch page faults, thread start
-        results = interleaved(rt, prompts, settings, args.repeats)
+        costs: list = []  # with --predict: one cost measurement after every repeat, so drift hits both alike
+        done = [0]
+
+        def after_run(name: str, r: int, st) -> None:
+            done[0] += 1
+            if args.predict and done[0] % len(settings) == 0:
+                costs.append(measure_costs(rt, replace(base, spec_type="mtp"), args.n_max, prompts[0], rounds=2))
+
+        results = interleaved(rt, prompts, settings, args.repeats, on_run=after_run)
         rows = {name: r.to_dict() for name, r in results.items()}
         print(f"{'setting':12}{'tok/s':>9}{'x none':>8}{'accept':>8}{'acc/pass':>9}{'tok/pass':>9}"
               f"{'tgt ms':>8}{'dft ms':>8}{'py ms':>7}  acceptance by position")
@@ -102,7 +113,7 @@ def main() -> None:
             print(f"{s.name:12}{r['tokens_per_second']:9.1f}{ratio:8.2f}{r['acceptance']:8.2f}"
                   f"{r['mean_accepted_per_pass']:9.2f}{r['tokens_per_pass']:9.2f}{r['target_decode_ms_per_step']:8.2f}"
                   f"{r['draft_decode_ms_per_step']:8.2f}{r['python_overhead_ms_per_step']:7.3f}  {by_pos}", flush=True)
-        cost = predict(rt, base, prompts, settings, rows, args.n_max) if args.predict else None
+        cost = predict(median_costs(costs), settings, rows) if args.predict else None
     if picked is not None:
         fixed = {s.name: rows[s.name]["tokens_per_second"] for s in settings
                  if s.name == "none" or (s.name.startswith("mtp N=") and s.controller_factory is None)}
@@ -119,12 +130,18 @@ def main() -> None:
     tmp.cleanup()
 
 
-def predict(rt: Runtime, base: GenConfig, prompts: list[list[int]], settings: list[Setting], rows: dict,
-            n_max: int) -> dict:
-    """The cost model (decode times only, no loop overhead) and its predicted ratio for each mtp row."""
-    from mtp_cli.measure import measure_costs
+def median_costs(models: list[CostModel]) -> CostModel:
+    """Element-wise medians of cost models measured between the repeats (relative costs: T drifts)."""
+    med = statistics.median
+    k = min(len(m.draft_rows) for m in models)
+    return CostModel(t_ms=med(m.t_ms for m in models),
+                     verify=[med(m.verify[n] for m in models) for n in range(len(models[0].verify))],
+                     draft=med(m.draft for m in models),
+                     draft_rows=[med(m.draft_rows[i] for m in models) for i in range(k)])
 
-    cm = measure_costs(rt, replace(base, spec_type="mtp"), n_max, prompts[0], rounds=5)
+
+def predict(cm: CostModel, settings: list[Setting], rows: dict) -> dict:
+    """The cost model (decode times only, no loop overhead) and its predicted ratio for each mtp row."""
     T = cm.t_ms
     print(f"\ncost model: plain token T = {T:.2f} ms; draft step c = {cm.draft:.3f} T ({cm.draft * T:.2f} ms)")
     print(f"{'N':>3}{'verify N+1':>12}{'ms':>8}{'tok/pass':>10}{'predicted':>11}{'measured':>10}{'gap':>8}")

@@ -9,7 +9,7 @@
   a tokens accepted by the previous step: m = a + 1, and several rows cost more than one on a
   CPU); c = a later one-row head decode of the step. Both are timed interleaved with the verify
   decodes, as a step runs them (the two models evict each other from the CPU caches: timed back
-  to back, each ran 2-5% cheaper than in the loop and the first head decode 0.3-0.5 ms). With the per-step
+  to back, a step's head decodes came out 0.5-1.0 ms cheaper than in the loop). With the per-step
   Python overheads from real runs, one MTP step at N costs
       cost(N) = v(N) + c(E) + (N-1) c + o(N)      (c(E): the first decode, at the mean m = E),
   and MTP's speed ratio is E(N) (1 + o_plain) / cost(N), E(N) = 1 + sum_{i<N} A_i,
