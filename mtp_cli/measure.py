@@ -314,8 +314,8 @@ def measure_costs(rt: Runtime, cfg: GenConfig, n_max: int, prompt: Sequence[int]
     step's head decodes: the first of m rows (m cycling through 1..n_max+1: catch-up rows + the
     draft row; c(m)), then N-1 of one row (c). Each sample decodes at the next position and removes
     the N extra cells (and the head's rows) again, as a step that accepts nothing; each round
-    decodes a block of `reps` samples per N (after one unmeasured sample: llama.cpp reuses a graph
-    only for the same batch shape, as in a run at fixed N), rotating the order of N so drift hits
+    decodes a block of `reps` samples per N (after one whose verify is not timed: llama.cpp reuses a
+    graph only for the same batch shape, as in a run at fixed N), rotating the order of N so drift hits
     every N alike; medians. Chained heads (one decode per head) are approximated by head 0's."""
     if n_max < 1:
         raise ValueError(f"the cost model needs N >= 1 (got {n_max})")
