@@ -29,10 +29,12 @@ def _kvs(n_blocks: int, n_heads: int) -> list:
 
     from gguf_tools.gguf_write import KV
 
-    kvs = [KV("general.architecture", ARCH, GGUFValueType.STRING),
-           KV(f"{ARCH}.block_count", n_blocks, GGUFValueType.UINT32),
-           KV(f"{ARCH}.embedding_length", N_EMBD, GGUFValueType.UINT32),
-           KV("tokenizer.ggml.tokens", [f"t{i}" for i in range(N_VOCAB)], GGUFValueType.ARRAY, GGUFValueType.STRING)]
+    kvs = [
+        KV("general.architecture", ARCH, GGUFValueType.STRING),
+        KV(f"{ARCH}.block_count", n_blocks, GGUFValueType.UINT32),
+        KV(f"{ARCH}.embedding_length", N_EMBD, GGUFValueType.UINT32),
+        KV("tokenizer.ggml.tokens", [f"t{i}" for i in range(N_VOCAB)], GGUFValueType.ARRAY, GGUFValueType.STRING),
+    ]
     if n_heads:
         kvs.insert(2, KV(f"{ARCH}.nextn_predict_layers", n_heads, GGUFValueType.UINT32))
     return kvs
@@ -64,10 +66,16 @@ def make_files(folder: Path, gb: float) -> tuple[Path, Path]:
     tensors = [FileTensor(f"blk.{i}.ffn_up.weight", Q8, (N_EMBD, ne1), nbytes, blob, 0) for i in range(N_TRUNK)]
     trunk = folder / "trunk.gguf"
     write_gguf(WritePlan(ARCH, 32, _kvs(N_TRUNK, 0), [emb, *tensors]), trunk)
-    head = [ArrayTensor(f"blk.{N_TRUNK}.nextn.eh_proj.weight", F32, (2 * N_EMBD, N_EMBD),
-                        rng.standard_normal((N_EMBD, 2 * N_EMBD), dtype=np.float32)),
-            ArrayTensor(f"blk.{N_TRUNK}.nextn.enorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32)),
-            ArrayTensor(f"blk.{N_TRUNK}.nextn.hnorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32))]
+    head = [
+        ArrayTensor(
+            f"blk.{N_TRUNK}.nextn.eh_proj.weight",
+            F32,
+            (2 * N_EMBD, N_EMBD),
+            rng.standard_normal((N_EMBD, 2 * N_EMBD), dtype=np.float32),
+        ),
+        ArrayTensor(f"blk.{N_TRUNK}.nextn.enorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32)),
+        ArrayTensor(f"blk.{N_TRUNK}.nextn.hnorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32)),
+    ]
     sidecar = folder / "sidecar.gguf"
     write_gguf(WritePlan(ARCH, 32, _kvs(N_TRUNK + 1, 1), [emb, *head]), sidecar)
     blob.unlink()
@@ -102,8 +110,18 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--make", str(folder), "--gb", str(args.gb)], check=True)
         trunk, sidecar = folder / "trunk.gguf", folder / "sidecar.gguf"
         size = trunk.stat().st_size
-        cli = [sys.executable, "-m", "mtp_cli", "pack", str(trunk), "--heads", str(sidecar),
-               "-o", str(folder / "packed.gguf"), "--overwrite"]
+        cli = [
+            sys.executable,
+            "-m",
+            "mtp_cli",
+            "pack",
+            str(trunk),
+            "--heads",
+            str(sidecar),
+            "-o",
+            str(folder / "packed.gguf"),
+            "--overwrite",
+        ]
         rows = {"cp": [], "pack": []}
         for _ in range(args.repeats):
             rows["cp"].append(timed(["cp", str(trunk), str(folder / "copy.gguf")]))
@@ -117,8 +135,10 @@ def main() -> None:
             rss = max(x[1] for x in r)
             res[name] = {"median_s": t, "gb_per_s": size / 1e9 / t, "peak_rss_mb": rss, "runs": r}
             print(f"{name:6}{t:10.2f}{size / 1e9 / t:8.2f}{rss:13.0f}")
-        print(f"pack / cp time: {res['pack']['median_s'] / res['cp']['median_s']:.2f}x; "
-              f"python + imports alone: {base[1]:.0f} MB RSS")
+        print(
+            f"pack / cp time: {res['pack']['median_s'] / res['cp']['median_s']:.2f}x; "
+            f"python + imports alone: {base[1]:.0f} MB RSS"
+        )
         if args.json:
             args.json.write_text(json.dumps(res, indent=2))
     finally:

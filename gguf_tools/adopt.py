@@ -27,41 +27,78 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGUFValueType
 
-from gguf_tools.archs import ADOPTABLE_ARCHS, MTP_ARCHS, block_index, key
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import GGUFFile, TensorEntry
 from gguf_tools.gguf_write import KV, FileTensor, RowOrderTensor, Tensor, WritePlan
-from gguf_tools.surgery import PER_LAYER_KEYS, copy_kvs
+from gguf_tools.names import (
+    ADOPT_TARGET,
+    ADOPTABLE_ARCHS,
+    MTP_ARCHS,
+    OUTPUT,
+    OUTPUT_NORM,
+    PER_LAYER_KEYS,
+    TOKEN_EMBD,
+    block_index,
+    block_suffix,
+    key,
+)
+from gguf_tools.surgery import copy_kvs
 
 log = logging.getLogger(__name__)
 
-TARGET = "glm4moe"
+TARGET = ADOPT_TARGET
 PROVENANCE_KEY = "mtp_cli.adopted_from"  # records the source arch in the adopted file
 EXPERT_GATING_SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 # Per-block tensors the three source graphs read and glm4moe reads the same way (name kept).
 _COMMON = {
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
-    "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias", "attn_output.weight",
-    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_qkv.weight",
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+    "attn_qkv.bias",
+    "attn_output.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
     # per-tensor scales (e.g. NVFP4 scale2) that glm4moe's attention still applies
-    "attn_q.scale", "attn_k.scale", "attn_v.scale", "attn_qkv.scale", "attn_output.scale",
+    "attn_q.scale",
+    "attn_k.scale",
+    "attn_v.scale",
+    "attn_qkv.scale",
+    "attn_output.scale",
 }
 _RENAMED = {"ffn_norm.weight": "post_attention_norm.weight"}
 _EXTRA = {"llama": set(), "qwen2": set(), "qwen3": {"attn_q_norm.weight", "attn_k_norm.weight"}}
-_REQUIRED = ("attn_norm.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-             "ffn_down.weight")
-_GLOBAL = {"token_embd.weight", "output_norm.weight", "output.weight", "output.scale"}
+_REQUIRED = (
+    "attn_norm.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+)
+_GLOBAL = {TOKEN_EMBD, OUTPUT_NORM, OUTPUT, "output.scale"}
 
 # Tensors with a specific reason they cannot be expressed (matched on the suffix after blk.N.).
 _WHY_NOT = [
     (re.compile(r"^rope_freqs\.weight$"), "rope frequency factors (llama 3 rope scaling): glm4moe's rope takes none"),
-    (re.compile(r"^rope_factors_(long|short)\.weight$"), "long/short rope factors (longrope): glm4moe's rope takes none"),
+    (
+        re.compile(r"^rope_factors_(long|short)\.weight$"),
+        "long/short rope factors (longrope): glm4moe's rope takes none",
+    ),
     (re.compile(r"^attn_output\.bias$"), "an attention-output bias: glm4moe's attention output has none"),
     (re.compile(r"^ffn_(gate|up|down)\.bias$"), "an FFN bias: glm4moe's dense FFN has none"),
     (re.compile(r"^ffn_(gate|up|down)\.scale$"), "an FFN weight scale: glm4moe's dense FFN ignores it"),
     (re.compile(r"^output\.bias$"), "an output bias: glm4moe's output matrix has none"),
-    (re.compile(r"^(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\."), "mixture-of-experts weights: only dense llama-family trunks can be adopted"),
+    (
+        re.compile(r"^(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\."),
+        "mixture-of-experts weights: only dense llama-family trunks can be adopted",
+    ),
     (re.compile(r"^cls(_out)?\."), "a classifier head: glm4moe has none"),
 ]
 
@@ -102,7 +139,7 @@ def source_dims(gf: GGUFFile) -> SourceDims:
     if arch in MTP_ARCHS:
         raise RefusedError(f"{arch} already has an MTP graph in llama.cpp: nothing to adopt", gf.path)
     if arch not in ADOPTABLE_ARCHS:
-        raise _refuse(gf, f"architecture {arch!r} is not one adopt re-expresses (llama, qwen2, qwen3)")
+        raise _refuse(gf, f"architecture {arch!r} is not one adopt re-expresses ({', '.join(ADOPTABLE_ARCHS)})")
     k = lambda name: key(arch, name)  # noqa: E731
 
     n_layer = gf.arch_get("block_count")
@@ -121,8 +158,11 @@ def source_dims(gf: GGUFFile) -> SourceDims:
     d_k = gf.arch_get("attention.key_length", n_embd // n_head[0])
     d_v = gf.arch_get("attention.value_length", n_embd // n_head[0])
     if d_k != d_v:
-        raise _refuse(gf, f"{k('attention.key_length')}={d_k} differs from {k('attention.value_length')}={d_v}: "
-                          "glm4moe needs one head size")
+        raise _refuse(
+            gf,
+            f"{k('attention.key_length')}={d_k} differs from {k('attention.value_length')}={d_v}: "
+            "glm4moe needs one head size",
+        )
     if d_k % 2:
         raise _refuse(gf, f"head size {d_k} is odd")
     n_rot = gf.arch_get("rope.dimension_count", d_k)
@@ -132,8 +172,11 @@ def source_dims(gf: GGUFFile) -> SourceDims:
         raise _refuse(gf, f"{k('attention.layer_norm_rms_epsilon')} is missing")
 
     if gf.arch_get("expert_count", 0):
-        raise _refuse(gf, f"{k('expert_count')}={gf.arch_get('expert_count')}: a mixture of experts; "
-                          "only dense trunks can be adopted")
+        raise _refuse(
+            gf,
+            f"{k('expert_count')}={gf.arch_get('expert_count')}: a mixture of experts; "
+            "only dense trunks can be adopted",
+        )
     scaling = gf.arch_get("rope.scaling.type")
     if scaling not in (None, "none", "linear"):
         raise _refuse(gf, f"{k('rope.scaling.type')}={scaling!r}: rope scaling is not carried over to glm4moe")
@@ -145,8 +188,11 @@ def source_dims(gf: GGUFFile) -> SourceDims:
     if scale not in (None, 0.0) and not math.isclose(scale, 1 / math.sqrt(d_k), rel_tol=1e-6):
         raise _refuse(gf, f"{k('attention.scale')}={scale!r}: glm4moe's attention scale is fixed at 1/sqrt({d_k})")
     if gf.arch_get("attention.sliding_window", 0):
-        raise _refuse(gf, f"{k('attention.sliding_window')}={gf.arch_get('attention.sliding_window')}: "
-                          "glm4moe has no sliding-window attention")
+        raise _refuse(
+            gf,
+            f"{k('attention.sliding_window')}={gf.arch_get('attention.sliding_window')}: "
+            "glm4moe has no sliding-window attention",
+        )
     for name in ("attention.sliding_window_pattern", "rope.dimension_sections", "leading_dense_block_count"):
         if gf.has(k(name)) and gf.arch_get(name) not in (False, 0):
             raise _refuse(gf, f"{k(name)} is set: glm4moe would read it differently")
@@ -154,6 +200,7 @@ def source_dims(gf: GGUFFile) -> SourceDims:
 
 
 # ---- tensors -----------------------------------------------------------------------------------
+
 
 def neox_order(n_heads: int, head_dim: int) -> list[int]:
     """Row order taking llama's interleaved Q/K rows to NEOX order: output row h*D + j*D/2 + i is
@@ -200,7 +247,7 @@ def plan_trunk_tensors(gf: GGUFFile, dims: SourceDims) -> list[Tensor]:
     seen: set[str] = set()
     for t in gf.tensors.values():
         i = block_index(t.name)
-        suffix = t.name if i is None else t.name.split(".", 2)[2]
+        suffix = block_suffix(t.name)
         why = _why_not(suffix)
         if why:
             raise _refuse(gf, f"tensor {t.name} is {why}")
@@ -233,7 +280,7 @@ def plan_trunk_tensors(gf: GGUFFile, dims: SourceDims) -> list[Tensor]:
             out.append(_permuted(gf, t, order))
         else:
             out.append(FileTensor(name, t.type, t.shape, t.n_bytes, gf.path, t.offset))
-    for need in ("token_embd.weight", "output_norm.weight"):
+    for need in (TOKEN_EMBD, OUTPUT_NORM):
         if need not in seen:
             raise _refuse(gf, f"tensor {need} is missing")
     for i in range(dims.n_layer):
@@ -248,6 +295,7 @@ def plan_trunk_tensors(gf: GGUFFile, dims: SourceDims) -> list[Tensor]:
 
 # ---- key-values --------------------------------------------------------------------------------
 
+
 def _u32(name: str, v: int) -> KV:
     return KV(key(TARGET, name), int(v), GGUFValueType.UINT32)
 
@@ -260,7 +308,7 @@ def adopted_kvs(gf: GGUFFile, dims: SourceDims) -> list[KV]:
         if kv.key == "general.architecture":
             kv = KV(kv.key, TARGET, kv.type)
         elif kv.key.startswith(src + "."):
-            kv = KV(TARGET + kv.key[len(src):], kv.value, kv.type, kv.sub_type)
+            kv = KV(TARGET + kv.key[len(src) :], kv.value, kv.type, kv.sub_type)
         kvs.append(kv)
     kvs = [kv for kv in kvs if kv.key != key(TARGET, "rope.dimension_count")]
     added = [
@@ -308,9 +356,18 @@ def plan_adopt(gf: GGUFFile, with_head_slot: bool = False, seed: int = 0, head_t
         from gguf_tools.glm4moe_head import HeadDims, head_block_tensors
 
         if len(set(dims.n_head_kv)) != 1:
-            raise _refuse(gf, f"{key(gf.arch, 'attention.head_count_kv')} varies per layer: which one would the head use?")
-        hd = HeadDims(dims.n_embd, dims.n_head[-1], dims.n_head_kv[-1], dims.head_dim, dims.n_ff,
-                      qk_norm=dims.arch == "qwen3", qkv_bias="blk.0.attn_q.bias" in gf.tensors)
+            raise _refuse(
+                gf, f"{key(gf.arch, 'attention.head_count_kv')} varies per layer: which one would the head use?"
+            )
+        hd = HeadDims(
+            dims.n_embd,
+            dims.n_head[-1],
+            dims.n_head_kv[-1],
+            dims.head_dim,
+            dims.n_ff,
+            qk_norm=dims.arch == "qwen3",
+            qkv_bias="blk.0.attn_q.bias" in gf.tensors,
+        )
         tensors += head_block_tensors(dims.n_layer, hd, seed=seed, head_type=head_type)
         kvs = with_head_kvs(kvs, dims.n_layer)
     return WritePlan(TARGET, gf.alignment, kvs, tensors)
@@ -325,5 +382,15 @@ def adopt_blocker(gf: GGUFFile) -> str | None:
     return None
 
 
-__all__ = ["TARGET", "PROVENANCE_KEY", "SourceDims", "source_dims", "neox_order", "plan_trunk_tensors",
-           "adopted_kvs", "with_head_kvs", "plan_adopt", "adopt_blocker"]
+__all__ = [
+    "TARGET",
+    "PROVENANCE_KEY",
+    "SourceDims",
+    "source_dims",
+    "neox_order",
+    "plan_trunk_tensors",
+    "adopted_kvs",
+    "with_head_kvs",
+    "plan_adopt",
+    "adopt_blocker",
+]

@@ -18,18 +18,27 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, quants
 
-from gguf_tools.archs import BlockLayout, key
 from gguf_tools.errors import BadFileError
+from gguf_tools.names import OUTPUT, TOKEN_EMBD, TRUNK_MARKER, BlockLayout, block_index, key
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_NESTING = 4  # arrays of arrays; real files use at most 1 level
 _SCALAR_FMT = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
 }
 _VALUE_TYPES = {int(t) for t in GGUFValueType}
 _TENSOR_TYPES = {int(t) for t in GGML_QUANT_SIZES}
@@ -88,7 +97,7 @@ class _Cursor:
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or n > self.remaining():
             raise self.fail(f"{what} runs past the end of the file ({n} bytes declared)")
-        out = self.buf[self.pos:self.pos + n]
+        out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return bytes(out)
 
@@ -194,8 +203,9 @@ def _prescan(cur: _Cursor) -> Prescan:
     return Prescan(version, cur.bo, alignment, data_start, values, tensors)
 
 
-def _check_tensor(cur: _Cursor, data_start: int, alignment: int,
-                  name: str, shape: tuple[int, ...], ttype: int, offset: int) -> TensorEntry:
+def _check_tensor(
+    cur: _Cursor, data_start: int, alignment: int, name: str, shape: tuple[int, ...], ttype: int, offset: int
+) -> TensorEntry:
     if ttype not in _TENSOR_TYPES:
         raise cur.fail(f"tensor {name!r} has unknown type {ttype}")
     qtype = GGMLQuantizationType(ttype)
@@ -203,7 +213,9 @@ def _check_tensor(cur: _Cursor, data_start: int, alignment: int,
     if any(d == 0 for d in shape):
         raise cur.fail(f"tensor {name!r} has a zero dimension {list(shape)}")
     if shape[0] % block:
-        raise cur.fail(f"tensor {name!r}: first dimension {shape[0]} is not a multiple of {qtype.name}'s block of {block}")
+        raise cur.fail(
+            f"tensor {name!r}: first dimension {shape[0]} is not a multiple of {qtype.name}'s block of {block}"
+        )
     n_bytes = shape[0] // block * type_size
     for d in shape[1:]:
         n_bytes *= d
@@ -214,8 +226,10 @@ def _check_tensor(cur: _Cursor, data_start: int, alignment: int,
     end = data_start + offset + n_bytes
     if end > cur.size:
         raise BadFileError(
-            f"truncated or corrupt GGUF: tensor {name!r} ends at byte {end}, past the end of the file ({cur.size} bytes)",
-            cur.path)
+            f"truncated or corrupt GGUF: tensor {name!r} ends at byte {end}, "
+            f"past the end of the file ({cur.size} bytes)",
+            cur.path,
+        )
     return TensorEntry(name, qtype, shape, n_bytes, data_start + offset)
 
 
@@ -272,8 +286,34 @@ class GGUFFile:
         blocks = self.arch_get("block_count", 0)
         nextn = self.arch_get("nextn_predict_layers", 0)
         if not isinstance(blocks, int) or not isinstance(nextn, int) or not 0 <= nextn <= blocks:
-            raise BadFileError(f"inconsistent {self.arch}.block_count={blocks!r} / nextn_predict_layers={nextn!r}", self.path)
+            raise BadFileError(
+                f"inconsistent {self.arch}.block_count={blocks!r} / nextn_predict_layers={nextn!r}", self.path
+            )
         return BlockLayout(blocks, nextn)
+
+    @property
+    def has_trunk(self) -> bool:
+        """True if any trunk block (index < n_trunk) has a tensor here."""
+        n_trunk = self.layout().n_trunk
+        return any((i := block_index(t)) is not None and i < n_trunk for t in self.tensors)
+
+    @property
+    def is_mtp_sidecar(self) -> bool:
+        """Head blocks and no trunk, as llama.cpp's loader decides (no blk.0.attn_norm.weight)."""
+        return self.layout().nextn_layers > 0 and TRUNK_MARKER not in self.tensors
+
+    @property
+    def output_name(self) -> str:
+        """The output matrix's tensor: `output.weight`, or the token embedding it is tied to."""
+        return OUTPUT if OUTPUT in self.tensors else TOKEN_EMBD
+
+    def read_f32(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32 in numpy order (dequantized)."""
+        t = self.tensors[name]
+        raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+        if raw.size != t.n_bytes:
+            raise BadFileError(f"file ends inside tensor {name!r}", self.path)
+        return np.asarray(quants.dequantize(raw, t.type), dtype=np.float32).reshape(tuple(reversed(t.shape)))
 
     def token_bytes(self) -> list[bytes] | None:
         """The vocabulary as raw bytes (comparing bytes needs no decoding), or None without one."""
@@ -283,7 +323,7 @@ class GGUFFile:
         return [bytes(f.parts[i]) for i in f.data]
 
     def n_vocab(self) -> int | None:
-        emb = self.tensors.get("token_embd.weight")
+        emb = self.tensors.get(TOKEN_EMBD)
         if emb is not None and len(emb.shape) >= 2:
             return emb.shape[1]
         toks = self.scan.values.get(gguf.Keys.Tokenizer.LIST)
@@ -301,6 +341,12 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         scan = prescan(path)
     except OSError as e:
         raise BadFileError(f"cannot read: {e.strerror or e}", path) from None
+    if scan.byteorder != "<":  # its tensor bytes would be copied or loaded as if little-endian
+        raise BadFileError(
+            "is a big-endian GGUF, which mtp-cli and llama.cpp on this machine do not read; "
+            "convert it first (gguf-py's gguf_convert_endian.py FILE little)",
+            path,
+        )
     gf = GGUFFile(path, path.stat().st_size, scan)
     if not isinstance(gf.arch, str):
         raise BadFileError(f"general.architecture must be a string, not {gf.arch!r}", path)

@@ -2,16 +2,14 @@
 
 The header goes through `gguf.GGUFWriter`; tensor bytes are copied range by range from their source
 file (copy_file_range where the OS has it), so memory does not grow with file size and a copied
-tensor is bit-identical to its source. Output goes to a temporary file beside the target and is
-renamed into place only when complete.
+tensor is bit-identical to its source. Output goes through gguf_tools.atomic: a temporary file
+beside the target, renamed into place only when complete.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
+from gguf_tools.atomic import atomic_output
 from gguf_tools.errors import BadFileError, RefusedError
 from gguf_tools.gguf_file import prescan
 
@@ -108,40 +107,22 @@ def check_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
     if out.exists() and out.is_dir():
         raise RefusedError("output is a folder", out)
     if out.exists() and not overwrite:
-        raise RefusedError("output exists (pass --overwrite to replace it)", out)
+        raise RefusedError("output exists (`overwrite` replaces it)", out)
     for p in inputs:
         if out.exists() and p.exists() and os.path.samefile(out, p) and not overwrite:
-            raise RefusedError("output is one of the inputs (pass --overwrite to replace it)", out)
+            raise RefusedError("output is one of the inputs (`overwrite` replaces it)", out)
 
 
 def write_gguf(plan: WritePlan, out: Path, progress: Progress | None = None) -> None:
-    """Write `plan` to `out` atomically: a temporary file beside it, renamed when complete.
-
-    When `out` already exists its replacement is fsynced before the rename, so a crash cannot
-    leave the user with neither file; a new file skips that (it costs seconds per GB).
-    """
-    durable = out.exists()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, out.stat().st_mode & 0o7777 if durable else 0o666 & ~_umask())  # mkstemp makes it 0600
-    try:
-        _write(plan, tmp, progress, durable)
+    """Write `plan` to `out` atomically (gguf_tools.atomic): a temporary file beside it, checked,
+    then renamed; an existing `out` has its replacement fsynced first (a new file skips that: it
+    costs seconds per GB)."""
+    with atomic_output(out) as tmp:
+        _write(plan, tmp, progress)
         prescan(tmp)  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write(plan: WritePlan, tmp: Path, progress: Progress | None, durable: bool) -> None:
+def _write(plan: WritePlan, tmp: Path, progress: Progress | None) -> None:
     writer = GGUFWriter(path=None, arch=plan.arch)
     writer.data_alignment = plan.alignment
     for kv in plan.kvs:
@@ -167,8 +148,6 @@ def _write(plan: WritePlan, tmp: Path, progress: Progress | None, durable: bool)
                     progress(done, total)
             writer.write_padding(fout, t.n_bytes)
         fout.flush()
-        if durable:
-            os.fsync(fout.fileno())
     finally:
         writer.close()
         for f in sources.values():
@@ -216,7 +195,7 @@ def _copy_rows(src: BinaryIO, t: RowOrderTensor, fout: BinaryIO) -> Iterator[int
     order = np.asarray(t.order, dtype=np.int64)
     per = max(1, ROW_WINDOW // rb)
     for a in range(0, len(order), per):
-        idx = order[a:a + per]
+        idx = order[a : a + per]
         lo, hi = int(idx.min()), int(idx.max()) + 1
         if hi - lo <= 2 * len(idx):
             span = np.frombuffer(_pread(src, (hi - lo) * rb, t.offset + lo * rb, t.path), np.uint8)

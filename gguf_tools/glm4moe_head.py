@@ -44,19 +44,25 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from gguf_tools.gguf_file import GGUFFile
-from gguf_tools.gguf_write import ArrayTensor
+from gguf_tools.gguf_write import ArrayTensor, Tensor
+from gguf_tools.names import NEXTN_PARTS, nextn_suffix
 from gguf_tools.surgery import convert_head_tensor
 
 # short name -> tensor suffix in block `blk.{i}.` (for the plain, non-MoE weights)
-_NAMES = {
-    "attn_norm": "attn_norm.weight", "attn_q": "attn_q.weight", "attn_k": "attn_k.weight",
-    "attn_v": "attn_v.weight", "attn_output": "attn_output.weight", "attn_q_norm": "attn_q_norm.weight",
-    "attn_k_norm": "attn_k_norm.weight", "attn_q.bias": "attn_q.bias", "attn_k.bias": "attn_k.bias",
-    "attn_v.bias": "attn_v.bias", "post_attention_norm": "post_attention_norm.weight",
-    "eh_proj": "nextn.eh_proj.weight", "enorm": "nextn.enorm.weight", "hnorm": "nextn.hnorm.weight",
-    "embed_tokens": "nextn.embed_tokens.weight", "shared_head_head": "nextn.shared_head_head.weight",
-    "shared_head_norm": "nextn.shared_head_norm.weight",
+BLOCK_NAMES = {
+    "attn_norm": "attn_norm.weight",
+    "attn_q": "attn_q.weight",
+    "attn_k": "attn_k.weight",
+    "attn_v": "attn_v.weight",
+    "attn_output": "attn_output.weight",
+    "attn_q_norm": "attn_q_norm.weight",
+    "attn_k_norm": "attn_k_norm.weight",
+    "attn_q.bias": "attn_q.bias",
+    "attn_k.bias": "attn_k.bias",
+    "attn_v.bias": "attn_v.bias",
+    "post_attention_norm": "post_attention_norm.weight",
 }
+_NAMES = {**BLOCK_NAMES, **{part: nextn_suffix(part) for part in NEXTN_PARTS}}
 SHEXP = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 _OPTIONAL = ("embed_tokens", "shared_head_head", "shared_head_norm", *SHEXP)
 WEIGHT_NAMES: tuple[str, ...] = (*_NAMES, "ffn_gate", "ffn_up", "ffn_down", *SHEXP)
@@ -75,25 +81,47 @@ class HeadDims:
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> HeadDims:
         """The dims of a head for glm4moe trunk `gf`, its attention shaped like the trunk's blocks."""
+
         def scalar(k: str) -> int:
             v = gf.arch_get(k)
             return int(v[-1] if isinstance(v, list) else v)
 
         n_embd, n_head = scalar("embedding_length"), scalar("attention.head_count")
         n_head_kv = scalar("attention.head_count_kv") if gf.arch_get("attention.head_count_kv") is not None else n_head
-        head_dim = scalar("attention.key_length") if gf.arch_get("attention.key_length") is not None else n_embd // n_head
+        head_dim = (
+            scalar("attention.key_length") if gf.arch_get("attention.key_length") is not None else n_embd // n_head
+        )
         n_ff = scalar("expert_feed_forward_length")
-        return cls(n_embd, n_head, n_head_kv, head_dim, n_ff,
-                   qk_norm="blk.0.attn_q_norm.weight" in gf.tensors, qkv_bias="blk.0.attn_q.bias" in gf.tensors)
+        return cls(
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            qk_norm="blk.0.attn_q_norm.weight" in gf.tensors,
+            qkv_bias="blk.0.attn_q.bias" in gf.tensors,
+        )
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Numpy-order shapes of the short-named weights this head takes (optional ones included)."""
         E, D, F = self.n_embd, self.head_dim, self.n_ff
         q, kv = self.n_head * D, self.n_head_kv * D
         s: dict[str, tuple[int, ...]] = {
-            "attn_norm": (E,), "attn_q": (q, E), "attn_k": (kv, E), "attn_v": (kv, E), "attn_output": (E, q),
-            "post_attention_norm": (E,), "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F),
-            "ffn_gate_shexp": (F, E), "ffn_up_shexp": (F, E), "ffn_down_shexp": (E, F), "eh_proj": (E, 2 * E), "enorm": (E,), "hnorm": (E,),
+            "attn_norm": (E,),
+            "attn_q": (q, E),
+            "attn_k": (kv, E),
+            "attn_v": (kv, E),
+            "attn_output": (E, q),
+            "post_attention_norm": (E,),
+            "ffn_gate": (F, E),
+            "ffn_up": (F, E),
+            "ffn_down": (E, F),
+            "ffn_gate_shexp": (F, E),
+            "ffn_up_shexp": (F, E),
+            "ffn_down_shexp": (E, F),
+            "eh_proj": (E, 2 * E),
+            "enorm": (E,),
+            "hnorm": (E,),
             "shared_head_norm": (E,),
         }
         if self.qk_norm:
@@ -103,9 +131,14 @@ class HeadDims:
         return s
 
 
-def single_expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-                      gate_shexp: np.ndarray | None = None, up_shexp: np.ndarray | None = None,
-                      down_shexp: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def single_expert_ffn(
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    gate_shexp: np.ndarray | None = None,
+    up_shexp: np.ndarray | None = None,
+    down_shexp: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """A dense SwiGLU MLP (gate, up: (F, E); down: (E, F)) as glm4moe's MoE FFN, by tensor suffix.
 
     One routed expert carries the MLP; a zero router and zero exp_probs_b (with sigmoid gating and
@@ -142,8 +175,9 @@ def random_weights(dims: HeadDims, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def head_block_arrays(index: int, dims: HeadDims, weights: Mapping[str, np.ndarray] | None = None,
-                      seed: int = 0) -> dict[str, np.ndarray]:
+def head_block_arrays(
+    index: int, dims: HeadDims, weights: Mapping[str, np.ndarray] | None = None, seed: int = 0
+) -> dict[str, np.ndarray]:
     """The head block `blk.{index}.*` as {tensor name: float32 array in numpy order}, in file order."""
     given = dict(weights or {})
     unknown = set(given) - set(WEIGHT_NAMES)
@@ -154,13 +188,26 @@ def head_block_arrays(index: int, dims: HeadDims, weights: Mapping[str, np.ndarr
         if name in shapes and tuple(np.shape(arr)) != shapes[name]:
             raise ValueError(f"head weight {name} has shape {tuple(np.shape(arr))}, expected {shapes[name]}")
         if name not in shapes and name not in ("embed_tokens", "shared_head_head"):
-            raise ValueError(f"head weight {name} does not fit these dims (qk_norm={dims.qk_norm}, qkv_bias={dims.qkv_bias})")
+            raise ValueError(
+                f"head weight {name} does not fit these dims (qk_norm={dims.qk_norm}, qkv_bias={dims.qkv_bias})"
+            )
     w = {**random_weights(dims, seed), **given}
     p = f"blk.{index}."
     f32 = np.float32
     out: dict[str, np.ndarray] = {}
-    for name in ("attn_norm", "attn_q", "attn_q.bias", "attn_k", "attn_k.bias", "attn_v", "attn_v.bias",
-                 "attn_output", "attn_q_norm", "attn_k_norm", "post_attention_norm"):
+    for name in (
+        "attn_norm",
+        "attn_q",
+        "attn_q.bias",
+        "attn_k",
+        "attn_k.bias",
+        "attn_v",
+        "attn_v.bias",
+        "attn_output",
+        "attn_q_norm",
+        "attn_k_norm",
+        "post_attention_norm",
+    ):
         if name in w:
             out[p + _NAMES[name]] = np.asarray(w[name], f32)
     ffn = single_expert_ffn(w["ffn_gate"], w["ffn_up"], w["ffn_down"], *(w.get(k) for k in SHEXP))
@@ -171,8 +218,9 @@ def head_block_arrays(index: int, dims: HeadDims, weights: Mapping[str, np.ndarr
     return out
 
 
-def head_block_tensors(index: int, dims: HeadDims, weights: Mapping[str, np.ndarray] | None = None,
-                       seed: int = 0, head_type: str = "f16") -> list[ArrayTensor]:
+def head_block_tensors(
+    index: int, dims: HeadDims, weights: Mapping[str, np.ndarray] | None = None, seed: int = 0, head_type: str = "f16"
+) -> list[Tensor]:
     """The head block as tensors for a WritePlan: matrices in `head_type` (f32, f16, bf16, q8_0; a row
     length q8_0 cannot take stays F32), norms, biases and the router F32; ggml shapes."""
     out = []

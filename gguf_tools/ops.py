@@ -13,6 +13,7 @@ from gguf_tools.adopt import plan_adopt
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
 from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
+from gguf_tools.names import block_index
 from gguf_tools.surgery import HeadSet, PackOptions, heads_from_gguf, plan_extract, plan_pack, plan_strip
 
 log = logging.getLogger(__name__)
@@ -45,28 +46,49 @@ def load_heads(source: Path, trunk: GGUFFile) -> HeadSet:
         raise BadFileError("no such file or folder", source)
     if source.is_file() and is_gguf(source):
         return heads_from_gguf(open_gguf(source))
-    from gguf_tools import hf_heads  # safetensors only when asked for
+    from gguf_tools import hf  # safetensors only when asked for
 
-    if not hf_heads.is_safetensors_source(source):
-        raise BadFileError("is neither a GGUF file nor HF safetensors (a .safetensors file or a folder of them)", source)
+    if not hf.is_safetensors_source(source):
+        raise BadFileError(
+            "is neither a GGUF file nor HF safetensors (a .safetensors file or a folder of them)", source
+        )
     lay = trunk.layout()
-    tensors = hf_heads.read_hf_heads(hf_heads.find_safetensors(source), trunk.arch, lay.n_trunk)
-    blocks = sorted({int(t.name.split(".")[1]) for t in tensors})
-    arrays = [ArrayTensor(t.name, GGMLQuantizationType.F16 if t.data.dtype == np.float16 else GGMLQuantizationType.F32,
-                          tuple(reversed(t.data.shape)), t.data) for t in tensors]
+    tensors = hf.read_hf_heads(hf.find_safetensors(source), trunk.arch, lay.n_trunk)
+    blocks = {block_index(t.name) for t in tensors}
+    arrays = [
+        ArrayTensor(
+            t.name,
+            GGMLQuantizationType.F16 if t.data.dtype == np.float16 else GGMLQuantizationType.F32,
+            tuple(reversed(t.data.shape)),
+            t.data,
+        )
+        for t in tensors
+    ]
     return HeadSet(source, lay.n_trunk, len(blocks), arrays)
 
 
-def pack(trunk_path: Path, heads_source: Path, out: Path, opts: PackOptions = PackOptions(),
-         overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
+def pack(
+    trunk_path: Path,
+    heads_source: Path,
+    out: Path,
+    opts: PackOptions = PackOptions(),
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> WriteResult:
     check_output(out, [trunk_path, heads_source], overwrite)
     trunk = open_gguf(trunk_path)
     plan = plan_pack(trunk, load_heads(heads_source, trunk), opts)
     return _finish(plan, out, progress)
 
 
-def adopt(path: Path, out: Path, with_head_slot: bool = False, overwrite: bool = False,
-          progress: Progress | None = None, seed: int = 0) -> WriteResult:
+def adopt(
+    path: Path,
+    out: Path,
+    with_head_slot: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    seed: int = 0,
+) -> WriteResult:
     """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt); optionally append a
     randomly initialised MTP head block."""
     check_output(out, [path], overwrite)
@@ -78,7 +100,8 @@ def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | N
     return _finish(plan_strip(open_gguf(path)), out, progress)
 
 
-def extract(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None,
-            head_only: bool = False) -> WriteResult:
+def extract(
+    path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None, head_only: bool = False
+) -> WriteResult:
     check_output(out, [path], overwrite)
     return _finish(plan_extract(open_gguf(path), head_only), out, progress)

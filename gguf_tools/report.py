@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
-from gguf_tools.archs import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, MTP_ARCHS
 from gguf_tools.gguf_file import GGUFFile, open_gguf
-from gguf_tools.surgery import has_trunk_blocks, head_tensors
+from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, MTP_ARCHS
+from gguf_tools.surgery import head_tensors
 
 # Verdicts
 FULL = "full"  # trunk + head: runs with --spec-type mtp as it is
@@ -66,12 +66,20 @@ def inspect_gguf(gf: GGUFFile) -> InspectReport:
     lay = gf.layout()
     heads = head_tensors(gf)
     rep = InspectReport(
-        path=str(gf.path), file_bytes=gf.size, arch=gf.arch, name=gf.get("general.name"),
-        block_count=lay.block_count, trunk_blocks=lay.n_trunk, head_blocks=lay.nextn_layers,
-        n_embd=gf.arch_get("embedding_length"), n_vocab=gf.n_vocab(), tensor_count=len(gf.tensors),
+        path=str(gf.path),
+        file_bytes=gf.size,
+        arch=gf.arch,
+        name=gf.get("general.name"),
+        block_count=lay.block_count,
+        trunk_blocks=lay.n_trunk,
+        head_blocks=lay.nextn_layers,
+        n_embd=gf.arch_get("embedding_length"),
+        n_vocab=gf.n_vocab(),
+        tensor_count=len(gf.tensors),
         tensor_types=dict(Counter(t.type.name for t in gf.tensors.values()).most_common()),
         head_tensors=[TensorInfo(t.name, t.type.name, list(t.shape), t.n_bytes) for t in heads],
-        head_bytes=sum(t.n_bytes for t in heads), adopted_from=gf.get(PROVENANCE_KEY),
+        head_bytes=sum(t.n_bytes for t in heads),
+        adopted_from=gf.get(PROVENANCE_KEY),
     )
     if gf.arch in ADOPTABLE_ARCHS:
         rep.adopt_blocker = adopt_blocker(gf)
@@ -87,21 +95,30 @@ def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
     if gf.arch not in MTP_ARCHS:
         why = f"llama.cpp has no MTP graph for architecture {gf.arch!r}"
         if rep.adoptable:
-            return NO_MTP_GRAPH, (why + "; it can be re-expressed exactly as glm4moe, which has one: "
-                                  f"mtp-cli adopt {name} -o OUT.gguf")
+            return NO_MTP_GRAPH, (
+                why + f"; it can be re-expressed exactly as glm4moe, which has one: mtp-cli adopt {name} -o OUT.gguf"
+            )
         if rep.adopt_blocker:
-            return NO_MTP_GRAPH, (why + f"; mtp-cli adopt refuses it ({rep.adopt_blocker}); "
-                                  "use --spec-type ngram or a draft model (-md) instead")
+            return NO_MTP_GRAPH, (
+                why + f"; mtp-cli adopt refuses it ({rep.adopt_blocker}); "
+                "use --spec-type ngram or a draft model (-md) instead"
+            )
         return NO_MTP_GRAPH, why + "; use --spec-type ngram or a draft model (-md) instead"
-    if rep.head_blocks and rep.head_tensors and not has_trunk_blocks(gf):
-        return SIDECAR, (f"MTP-only sidecar: pass it as -md {name} with --spec-type mtp, "
-                         f"or graft it: mtp-cli pack TRUNK.gguf --heads {name} -o OUT.gguf")
+    if rep.head_blocks and rep.head_tensors and not gf.has_trunk:
+        return SIDECAR, (
+            f"MTP-only sidecar: pass it as -md {name} with --spec-type mtp, "
+            f"or graft it: mtp-cli pack TRUNK.gguf --heads {name} -o OUT.gguf"
+        )
     if rep.head_blocks and rep.head_tensors:
         return FULL, f"ready: mtp-cli generate -m {name} --spec-type mtp"
     missing = " (the key declares head blocks but the file holds no head tensors)" if rep.head_blocks else ""
     if rep.adopted_from:
-        return TRUNK_ONLY, (f"a {rep.adopted_from} trunk adopted as glm4moe, with no MTP head{missing}: no published "
-                            f"head fits it; train one (mtp-cli train {name}), then mtp-cli pack {name} --heads HEAD.gguf")
-    return TRUNK_ONLY, (f"no MTP head{missing}. Get one: an MTP sidecar (convert_hf_to_gguf.py --mtp, or "
-                        f"mtp-cli extract on a full GGUF), then mtp-cli pack {name} --heads SIDECAR.gguf -o OUT.gguf; "
-                        "--heads also takes the HF checkpoint's safetensors")
+        return TRUNK_ONLY, (
+            f"a {rep.adopted_from} trunk adopted as glm4moe, with no MTP head{missing}: no published "
+            f"head fits it; train one (mtp-cli train {name}), then mtp-cli pack {name} --heads HEAD.gguf"
+        )
+    return TRUNK_ONLY, (
+        f"no MTP head{missing}. Get one: an MTP sidecar (convert_hf_to_gguf.py --mtp, or "
+        f"mtp-cli extract on a full GGUF), then mtp-cli pack {name} --heads SIDECAR.gguf -o OUT.gguf; "
+        "--heads also takes the HF checkpoint's safetensors"
+    )

@@ -6,6 +6,7 @@ plan. Trunk tensors are always `FileTensor`s: their bytes are copied, never deco
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,34 +15,26 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
-from gguf_tools.archs import ASSISTANT_ARCHS, MTP_ARCHS, block_index, key, rename_block
 from gguf_tools.errors import BadFileError, MismatchError, RefusedError
 from gguf_tools.gguf_file import GGUFFile, TensorEntry
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, Tensor, WritePlan
+from gguf_tools.names import (
+    ADOPTABLE_ARCHS,
+    ASSISTANT_ARCHS,
+    FLOAT_TYPES,
+    HEAD_TYPES,
+    MATCH_KEYS,
+    MTP_ARCHS,
+    PER_LAYER_KEYS,
+    SIDECAR_SHARED,
+    block_index,
+    block_suffix,
+    key,
+    nextn_shapes,
+    rename_block,
+)
 
 log = logging.getLogger(__name__)
-
-# Per-layer array keys llama.cpp reads with n_layer_all entries (get_key_or_arr / get_arr).
-PER_LAYER_KEYS = (
-    "feed_forward_length", "expert_feed_forward_length", "expert_used_count",
-    "attention.head_count", "attention.head_count_kv", "attention.recurrent_layers",
-    "attention.sliding_window_pattern", "attention.rope_pattern", "attention.compress_ratios",
-    "attention.indexer_types", "swiglu_clamp_exp", "swiglu_clamp_shexp",
-)
-# Hyperparameters a head must share with the trunk it is grafted onto.
-MATCH_KEYS = (
-    "embedding_length", "vocab_size", "attention.head_count", "attention.head_count_kv",
-    "attention.key_length", "attention.value_length", "rope.dimension_count", "expert_count",
-    "expert_used_count", "expert_shared_count", "expert_feed_forward_length",
-    "attention.layer_norm_rms_epsilon",
-)
-# Top-level tensors an MTP-only sidecar carries besides its head blocks (as `convert_hf_to_gguf.py --mtp`).
-SIDECAR_SHARED = ("token_embd.weight", "output_norm.weight", "output.weight")
-HEAD_TYPES = {
-    "f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
-    "bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0,
-}
-FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
 @dataclass(frozen=True)
@@ -52,6 +45,7 @@ class PackOptions:
 
 
 # ---- reading a file's layout -------------------------------------------------------------------
+
 
 def head_tensors(gf: GGUFFile) -> list[TensorEntry]:
     """Tensors in the file's head blocks (block index >= n_trunk)."""
@@ -64,12 +58,8 @@ def trunk_tensors(gf: GGUFFile) -> list[TensorEntry]:
     return [t for t in gf.tensors.values() if (i := block_index(t.name)) is None or i < n_trunk]
 
 
-def has_trunk_blocks(gf: GGUFFile) -> bool:
-    n_trunk = gf.layout().n_trunk
-    return any((i := block_index(t.name)) is not None and i < n_trunk for t in gf.tensors.values())
-
-
 # ---- key-values --------------------------------------------------------------------------------
+
 
 def copy_kvs(gf: GGUFFile) -> list[KV]:
     out = []
@@ -91,8 +81,7 @@ def _set_kv(kvs: list[KV], name: str, value: int, after: str) -> list[KV]:
     return kvs
 
 
-def _resize_layer_arrays(kvs: list[KV], arch: str, old_n: int, new_n: int,
-                         donor: dict[str, KV] | None) -> list[KV]:
+def _resize_layer_arrays(kvs: list[KV], arch: str, old_n: int, new_n: int, donor: dict[str, KV] | None) -> list[KV]:
     """Per-layer arrays follow the block count: truncate, or extend from the donor's entries."""
     names = {key(arch, k) for k in PER_LAYER_KEYS}
     out = []
@@ -129,18 +118,22 @@ def _file_tensor(gf: GGUFFile, t: TensorEntry, name: str | None = None) -> FileT
 
 # ---- strip and extract -------------------------------------------------------------------------
 
+
 def _require_head(gf: GGUFFile) -> list[TensorEntry]:
     heads = head_tensors(gf)
     if gf.layout().nextn_layers == 0 or not heads:
-        raise RefusedError(f"has no MTP head ({gf.arch}.nextn_predict_layers is "
-                           f"{gf.layout().nextn_layers}, {len(heads)} head tensors)", gf.path)
+        raise RefusedError(
+            f"has no MTP head ({gf.arch}.nextn_predict_layers is "
+            f"{gf.layout().nextn_layers}, {len(heads)} head tensors)",
+            gf.path,
+        )
     return heads
 
 
 def plan_strip(gf: GGUFFile) -> WritePlan:
     """The trunk alone: head blocks dropped, block_count and per-layer arrays shrunk."""
     _require_head(gf)
-    if not has_trunk_blocks(gf):
+    if not gf.has_trunk:
         raise RefusedError("is an MTP-only sidecar: it has no trunk to keep", gf.path)
     n_trunk = gf.layout().n_trunk
     tensors = [_file_tensor(gf, t) for t in trunk_tensors(gf)]
@@ -158,6 +151,7 @@ def plan_extract(gf: GGUFFile, head_only: bool = False) -> WritePlan:
 
 
 # ---- pack --------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HeadSet:
@@ -178,20 +172,30 @@ def heads_from_gguf(src: GGUFFile) -> HeadSet:
         raise RefusedError(f"is a {src.arch} drafter, not an MTP head: use it with -md instead of packing it", src.path)
     heads = _require_head(src)
     lay = src.layout()
-    return HeadSet(src.path, lay.n_trunk, lay.nextn_layers, [_file_tensor(src, t) for t in heads],
-                   {kv.key: kv for kv in copy_kvs(src)}, src.token_bytes(), src.n_vocab())
+    return HeadSet(
+        src.path,
+        lay.n_trunk,
+        lay.nextn_layers,
+        [_file_tensor(src, t) for t in heads],
+        {kv.key: kv for kv in copy_kvs(src)},
+        src.token_bytes(),
+        src.n_vocab(),
+    )
 
 
 def plan_pack(trunk: GGUFFile, heads: HeadSet, opts: PackOptions = PackOptions()) -> WritePlan:
     """Trunk tensors byte for byte, then the heads renumbered after the trunk's last block."""
     arch = trunk.arch
     if arch not in MTP_ARCHS:
-        raise RefusedError(f"llama.cpp has no MTP graph for architecture {arch!r}: a head packed into it "
-                           "would never run" + (" (mtp-cli adopt re-expresses llama/qwen2/qwen3 as glm4moe)"
-                                                if arch in ("llama", "qwen2", "qwen3") else ""), trunk.path)
+        raise RefusedError(
+            f"llama.cpp has no MTP graph for architecture {arch!r}: a head packed into it "
+            "would never run"
+            + (f" (adopt re-expresses {'/'.join(ADOPTABLE_ARCHS)} as glm4moe)" if arch in ADOPTABLE_ARCHS else ""),
+            trunk.path,
+        )
     own_heads = head_tensors(trunk)
     if own_heads and not opts.replace:
-        raise RefusedError(f"already has an MTP head ({len(own_heads)} tensors); pass --replace to swap it", trunk.path)
+        raise RefusedError(f"already has an MTP head ({len(own_heads)} tensors; `replace` swaps it)", trunk.path)
     n_trunk = trunk.layout().n_trunk
     _check_compatible(trunk, heads, n_trunk, opts)
     renamed = [_renumber(t, heads.first_block, n_trunk) for t in heads.tensors]
@@ -213,9 +217,7 @@ def _renumber(t: Tensor, first_block: int, n_trunk: int) -> Tensor:
     if i is None or i < first_block:
         raise MismatchError(f"head tensor {t.name!r} is not in a head block (>= {first_block})")
     name = rename_block(t.name, n_trunk + i - first_block)
-    if isinstance(t, FileTensor):
-        return FileTensor(name, t.type, t.shape, t.n_bytes, t.path, t.offset)
-    return ArrayTensor(name, t.type, t.shape, t.data)
+    return dataclasses.replace(t, name=name)
 
 
 def _check_compatible(trunk: GGUFFile, heads: HeadSet, n_trunk: int, opts: PackOptions) -> None:
@@ -223,9 +225,13 @@ def _check_compatible(trunk: GGUFFile, heads: HeadSet, n_trunk: int, opts: PackO
     if heads.kvs is not None:
         src_arch = heads.kvs["general.architecture"].value
         if src_arch != trunk.arch:
-            raise MismatchError(f"architecture {src_arch!r} does not match the trunk's {trunk.arch!r} ({trunk.path})", src)
+            raise MismatchError(
+                f"architecture {src_arch!r} does not match the trunk's {trunk.arch!r} ({trunk.path})", src
+            )
         if heads.first_block != n_trunk:
-            raise MismatchError(f"its head follows {heads.first_block} trunk blocks, the trunk has {n_trunk} ({trunk.path})", src)
+            raise MismatchError(
+                f"its head follows {heads.first_block} trunk blocks, the trunk has {n_trunk} ({trunk.path})", src
+            )
         for k in MATCH_KEYS:
             a, b = trunk.get(key(trunk.arch, k)), heads.kvs.get(key(trunk.arch, k))
             if a is not None and b is not None and _scalar(a) != _scalar(b.value):
@@ -237,8 +243,8 @@ def _check_compatible(trunk: GGUFFile, heads: HeadSet, n_trunk: int, opts: PackO
         first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
         msg = f"vocabulary differs from the trunk's ({trunk.path}) first at token {first}"
         if not opts.force:
-            raise MismatchError(msg + "; pass --force to graft anyway", src)
-        log.warning("--force: %s: %s", src, msg)
+            raise MismatchError(msg + " (`force` grafts anyway)", src)
+        log.warning("forced: %s: %s", src, msg)
 
 
 def _scalar(v: object) -> object:
@@ -247,30 +253,29 @@ def _scalar(v: object) -> object:
 
 
 def _check_head_shapes(trunk: GGUFFile, tensors: Sequence[Tensor]) -> None:
-    """Shapes llama.cpp will demand: nextn tensors from n_embd/n_vocab (qwen35.cpp, glm4-moe.cpp), the rest from the trunk."""
+    """Shapes llama.cpp will demand: nextn tensors from n_embd/n_vocab (qwen35.cpp, glm4-moe.cpp), the
+    rest from the trunk."""
     n_embd, n_vocab = trunk.arch_get("embedding_length"), trunk.n_vocab()
-    expect = {} if not isinstance(n_embd, int) or n_vocab is None else {
-        "nextn.eh_proj.weight": (2 * n_embd, n_embd), "nextn.enorm.weight": (n_embd,),
-        "nextn.hnorm.weight": (n_embd,), "nextn.shared_head_norm.weight": (n_embd,),
-        "nextn.embed_tokens.weight": (n_embd, n_vocab), "nextn.shared_head_head.weight": (n_embd, n_vocab),
-    }
+    expect = nextn_shapes(n_embd, n_vocab) if isinstance(n_embd, int) and n_vocab is not None else {}
     # A head block's ordinary tensors have the shapes of the trunk's latest block with the same tensor.
     latest: dict[str, TensorEntry] = {}
-    for t in trunk_tensors(trunk):
-        if block_index(t.name) is not None:
-            latest[t.name.split(".", 2)[2]] = t
+    for e in trunk_tensors(trunk):
+        if block_index(e.name) is not None:
+            latest[block_suffix(e.name)] = e
     for t in tensors:
-        suffix = t.name.split(".", 2)[2]
+        suffix = block_suffix(t.name)
         want = expect.get(suffix)
         if want is not None and tuple(t.shape) != want:
             raise MismatchError(f"head tensor {t.name} has shape {list(t.shape)}, the trunk needs {list(want)}")
         same = latest.get(suffix)
         if same is not None and tuple(t.shape) != tuple(same.shape):
-            raise MismatchError(f"head tensor {t.name} has shape {list(t.shape)}, "
-                                f"the trunk's {same.name} has {list(same.shape)}")
+            raise MismatchError(
+                f"head tensor {t.name} has shape {list(t.shape)}, the trunk's {same.name} has {list(same.shape)}"
+            )
 
 
 # ---- head type conversion ----------------------------------------------------------------------
+
 
 def convert_head_tensor(t: Tensor, head_type: str) -> Tensor:
     """Convert a float head tensor to the requested type; norms (1-D) stay F32, quantized stay as they are."""

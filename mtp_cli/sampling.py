@@ -13,7 +13,8 @@ drawn from exactly the distribution plain decoding draws from (same seed -> same
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -27,8 +28,9 @@ class TokenSampler:
         self.greedy = temp <= 0.0
         self._chain: Optional[lx.SamplerPtr] = None
         if not self.greedy:
-            self._chain = lx.sampler_chain(top_k=top_k, top_p=top_p, min_p=min_p, temp=temp,
-                                           seed=lx.DEFAULT_SEED if seed < 0 else seed)
+            self._chain = lx.sampler_chain(
+                top_k=top_k, top_p=top_p, min_p=min_p, temp=temp, seed=lx.DEFAULT_SEED if seed < 0 else seed
+            )
 
     def sample(self, ctx: lx.ContextPtr, i: int, row: np.ndarray) -> int:
         """Token for batch index `i`; `row` is that index's logits view (used when greedy)."""
@@ -61,8 +63,9 @@ def verify_greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
     return a, int(am[a])
 
 
-def verify_sampled(sampler: TokenSampler, ctx: lx.ContextPtr, rows: np.ndarray,
-                   drafts: Sequence[int]) -> tuple[int, int]:
+def verify_sampled(
+    sampler: TokenSampler, ctx: lx.ContextPtr, rows: np.ndarray, drafts: Sequence[int]
+) -> tuple[int, int]:
     """(n_accepted, next token): sample rows 0, 1, ... in order from the target's own
     distribution (one draw each) and keep a draft token only while it equals the sample. The
     emitted tokens are then distributed exactly as in plain sampling (deterministic drafter)."""

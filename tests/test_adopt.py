@@ -20,7 +20,7 @@ from gguf import GGUFValueType
 from gguf_tools import ops
 from gguf_tools.adopt import PROVENANCE_KEY, neox_order, plan_adopt
 from gguf_tools.errors import RefusedError
-from gguf_tools.factory import TinySpec, write_tiny_model
+from tests.factory import TinySpec, write_tiny_model
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, RowOrderTensor, WritePlan, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_arrays, head_block_tensors, unpack_head_block
@@ -387,7 +387,7 @@ def test_refusals_name_the_key_or_tensor(tiny, tmp_path, case):
 
 
 def test_refuses_mtp_archs(tmp_path):
-    from gguf_tools.factory import tiny_model_set
+    from tests.factory import tiny_model_set
 
     s = tiny_model_set(tmp_path / "m", "glm4moe")
     with pytest.raises(RefusedError, match="already glm4moe"):
@@ -518,7 +518,7 @@ def test_head_block_is_the_dense_block_it_claims(tiny, tmp_path):
 
 
 def test_head_helper_matches_the_factory_head_and_round_trips(tmp_path):
-    from gguf_tools.factory import tiny_model_set
+    from tests.factory import tiny_model_set
 
     s = tiny_model_set(tmp_path, "glm4moe", "random", "f32")
     gf = open_gguf(s["full"])

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gguf_tools.factory import tiny_model_set
+from tests.factory import tiny_model_set
 from mtp_cli.cli import main
 
 
@@ -90,7 +90,7 @@ def test_chat_template_is_applied(tiny):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_adopted_trunk_with_head_slot_generates_like_plain(tmp_path, arch):
     """adopt --with-head-slot, then generate --spec-type mtp: the same tokens as plain decoding."""
-    from gguf_tools.factory import TinySpec, write_tiny_model
+    from tests.factory import TinySpec, write_tiny_model
 
     src = write_tiny_model(tmp_path / "src.gguf", TinySpec(arch=arch, kind="trunk", dtype="q8_0", seed=3))
     r = CliRunner().invoke(main, ["adopt", str(src), "-o", str(tmp_path / "a.gguf"), "--with-head-slot"])

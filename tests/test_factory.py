@@ -10,7 +10,7 @@ import pytest
 
 import gguf
 
-from gguf_tools.factory import (
+from tests.factory import (
     ARCHS, BOS_ID, DTYPES, N_VOCAB, TinySpec, token_permutation, tiny_model_set, write_tiny_model,
 )
 from mtp_cli import llama_ext as lx

@@ -22,9 +22,10 @@ try:
 except ImportError:     # safetensors < 0.8
     TensorSpec = None
 
-from gguf_tools import hf_heads
+from gguf_tools import hf as hf_heads
 from gguf_tools.errors import BadFileError, MismatchError
-from gguf_tools.hf_heads import find_safetensors, is_safetensors_source, read_hf_heads
+from gguf_tools.hf import find_safetensors, is_safetensors_source, read_hf_heads
+from gguf_tools.hf.files import Catalog
 
 H, V = 64, 300                 # n_embd, n_vocab
 NH, NKV, HD = 4, 2, 16         # heads, kv heads, head dim
@@ -186,8 +187,8 @@ def test_qwen35_dense_names_shapes_norm_plus_one_and_trunk_not_read(tmp_path, mo
     mtp = qwen_mtp()
     f = save(tmp_path / "model.safetensors", {**qwen_trunk(), **mtp})
     read = []
-    real = hf_heads._read_tensor
-    monkeypatch.setattr(hf_heads, "_read_tensor", lambda cat, name: read.append(name) or real(cat, name))
+    real = Catalog.read
+    monkeypatch.setattr(Catalog, "read", lambda cat, name: read.append(name) or real(cat, name))
 
     heads = read_hf_heads([f], "qwen35", N_TRUNK)
     check_shapes(heads, QWEN_DENSE_NE)
@@ -521,7 +522,7 @@ def test_own_size_check_on_truncated_file(tmp_path, monkeypatch):
     """The explicit data-range check, independent of what the installed safetensors does on open."""
     f = save(tmp_path / "m.safetensors", qwen_mtp())
     size = f.stat().st_size
-    cat = hf_heads._Catalog([f], contextlib.ExitStack())
+    cat = Catalog([f], contextlib.ExitStack())
     cat._check_size(f)                                  # intact: fine
     monkeypatch.setattr(Path, "stat", lambda self, **kw: os.stat_result((0,) * 6 + (size - 10,) + (0,) * 3))
     with pytest.raises(BadFileError, match=f"up to byte {size}, the file has {size - 10} bytes"):

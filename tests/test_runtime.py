@@ -18,22 +18,17 @@ from typing import Optional
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import gguf
 
-import gguf  # noqa: E402
-
-from gguf_tools import factory  # noqa: E402
-from gguf_tools.factory import (  # noqa: E402
-    BOS_ID, EOS_ID, UNK_ID, TinySpec, tiny_model_set, tiny_vocab, token_permutation,
-)
-from mtp_cli import llama_ext as lx  # noqa: E402
-from mtp_cli.drafters import ModelDrafter, MtpDrafter  # noqa: E402
-from mtp_cli.runtime import (  # noqa: E402
-    ConfigValueError, GenConfig, ModelFileError, NoMtpHeadError, Runtime, RuntimeConfigError, VocabMismatchError,
-)
-from mtp_cli.sampling import verify_sampled  # noqa: E402
+from mtp_cli import llama_ext as lx
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters.model import ModelDrafter
+from mtp_cli.drafters.mtp import MtpDrafter
+from mtp_cli.errors import ConfigError, ModelFileError, MtpError, NoMtpHeadError, VocabMismatchError
+from mtp_cli.runtime import Runtime
+from mtp_cli.sampling import verify_sampled
+from tests import factory
+from tests.factory import BOS_ID, EOS_ID, UNK_ID, TinySpec, tiny_model_set, tiny_vocab, token_permutation
 
 # One thread: ggml's worker threads spin-wait at every barrier, and on this 2-core machine with
 # other jobs running, 2-thread decoding of these tiny graphs degraded from ~7 s to 100-500 s for
@@ -200,7 +195,7 @@ def test_mtp_sidecar_parity(models, arch, record_property):
         prompt = rt.tokenize(PROMPT)
         full = [(run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n)), rt.stats.n_accepted) for n in (1, 3, 6)]
     with Runtime(s["trunk"], spec_type="mtp", draft_model=s["sidecar"]) as rt:
-        assert rt.head_model is not rt.model
+        assert rt.models.drafting is not rt.model
         side = [(run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n)), rt.stats.n_accepted) for n in (1, 3, 6)]
         _parity_sweep(rt, s["trunk"], prompt, "mtp", f"{arch} mtp (trunk + sidecar, noise 1.5, mix 2)", record_property)
     assert side == full
@@ -262,7 +257,7 @@ def test_draft_model_parity_every_n(models, arch, draft_arch, record_property):
     s = models(arch, **SENSITIVE)
     d = models(draft_arch, perturb=0.35)
     with Runtime(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
-        assert rt.draft_model is not None
+        assert rt.models.drafting is not None
         prompt = rt.tokenize(PROMPT)
         acc, _ = _parity_sweep(rt, s["trunk"], prompt, "draft", f"{arch} draft={draft_arch} (perturbed 35%)",
                                record_property)
@@ -288,7 +283,7 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
 
     def decode(ctx, batch):
         real_decode(ctx, batch)
-        last[lx._addr(ctx)] = (int(batch.pos[0]), batch.tokens[: batch.n_tokens].copy())
+        last[lx.addr(ctx)] = (int(batch.pos[0]), batch.tokens[: batch.n_tokens].copy())
 
     with Runtime(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
@@ -296,9 +291,9 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
         gaps = baseline_gaps(s["full"], prompt, ref)
 
         def rm(ctx, seq_id, p0, p1=-1):
-            if rt._ctx is None or lx._addr(ctx) != lx._addr(rt._ctx.target):
+            if rt._ctx is None or lx.addr(ctx) != lx.addr(rt._ctx.target):
                 return real_rm(ctx, seq_id, p0, p1)
-            first, toks = last[lx._addr(ctx)]
+            first, toks = last[lx.addr(ctx)]
             if not real_rm(ctx, seq_id, first, -1):  # the whole verify batch
                 return False
             b = lx.Batch(len(toks))
@@ -572,7 +567,7 @@ def test_context_fills(models, arch):
         for spec, n in (("mtp", 1), ("mtp", 3), ("mtp", 6), ("ngram", 4)):
             out = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx, spec_type=spec, draft_n_max=n))
             assert out == ref and rt.stats.stop_reason == "ctx_full", (spec, n)
-        with pytest.raises(ConfigValueError, match="context holds"):
+        with pytest.raises(ConfigError, match="context holds"):
             rt.generate(list(range(3, 3 + n_ctx + 1)), greedy(n_ctx=n_ctx))
     with Runtime(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
         out = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx, spec_type="draft", draft_n_max=5))
@@ -607,7 +602,7 @@ def test_stats_are_consistent(models):
         events = list(rt.generate(prompt, greedy(spec_type="mtp", draft_n_max=3, n_predict=60)))
         st = rt.stats
         text = rt.detokenize([ev.token for ev in events])
-    with pytest.raises(RuntimeConfigError, match="closed"):
+    with pytest.raises(MtpError, match="closed"):
         rt.tokenize("x")
     assert st.n_tokens == len(events) == 60 and st.n_prompt == len(prompt)
     src = Counter(ev.source for ev in events)
@@ -827,20 +822,20 @@ def test_refusals(models, tmp_path):
     with pytest.raises(NoMtpHeadError) as e:
         Runtime(s["trunk"], spec_type="mtp")
     msg = _one_line(e)
-    assert "mtp-cli pack" in msg and "-md" in msg and "--spec-type ngram" in msg
+    assert "mtp-cli pack" in msg and "draft_model" in msg and "spec_type ngram" in msg and "--" not in msg
     with pytest.raises(NoMtpHeadError) as e:
         Runtime(s["full"], spec_type="mtp", draft_model=s["trunk"])  # -md without a head
     _one_line(e)
-    with pytest.raises(RuntimeConfigError, match="sidecar") as e:
+    with pytest.raises(MtpError, match="sidecar") as e:
         Runtime(s["sidecar"])
     _one_line(e)
-    with pytest.raises(ConfigValueError, match="-md") as e:
+    with pytest.raises(ConfigError, match="draft_model") as e:
         Runtime(s["trunk"], spec_type="draft")
     _one_line(e)
-    with pytest.raises(RuntimeConfigError, match="--spec-type mtp") as e:
+    with pytest.raises(ModelFileError, match="spec_type mtp") as e:
         Runtime(s["trunk"], spec_type="draft", draft_model=s["sidecar"])
     _one_line(e)
-    with pytest.raises(ConfigValueError, match="spec type"):
+    with pytest.raises(ConfigError, match="spec type"):
         Runtime(s["trunk"], spec_type="medusa")
     # files: missing, not a GGUF, truncated; llama.cpp never sees them
     junk = tmp_path / "junk.gguf"
@@ -857,24 +852,24 @@ def test_refusals(models, tmp_path):
     # values
     with Runtime(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
-        for kw, pat in ((dict(draft_n_max=0), "n-max"), (dict(draft_n_max=33), "n-max"),
-                        (dict(draft_n_max=2, draft_n_min=3), "n-min"), (dict(draft_p_min=1.5), "p-min"),
-                        (dict(draft_p_min=-0.1), "p-min")):
-            with pytest.raises(ConfigValueError, match=pat) as e:
+        for kw, pat in ((dict(draft_n_max=0), "draft_n_max"), (dict(draft_n_max=33), "draft_n_max"),
+                        (dict(draft_n_max=2, draft_n_min=3), "draft_n_min"), (dict(draft_p_min=1.5), "draft_p_min"),
+                        (dict(draft_p_min=-0.1), "draft_p_min")):
+            with pytest.raises(ConfigError, match=pat) as e:
                 rt.generate(prompt, greedy(spec_type="mtp", **kw))
             _one_line(e)
         for kw, pat in ((dict(n_predict=-2), "n_predict"), (dict(n_ctx=-1), "n_ctx"),
-                        (dict(temp=1.0, top_p=0.0), "top-p"), (dict(spec_type="nope"), "spec type")):
-            with pytest.raises(ConfigValueError, match=pat):
+                        (dict(temp=1.0, top_p=0.0), "top_p"), (dict(spec_type="nope"), "spec type")):
+            with pytest.raises(ConfigError, match=pat):
                 rt.generate(prompt, greedy(**kw))
-        with pytest.raises(ConfigValueError, match="empty"):
+        with pytest.raises(ConfigError, match="empty"):
             rt.generate([], greedy())
-        with pytest.raises(ConfigValueError, match="vocabulary"):
+        with pytest.raises(ConfigError, match="vocabulary"):
             rt.generate([1, 100000], greedy())
-        with pytest.raises(RuntimeConfigError, match="draft model"):
+        with pytest.raises(MtpError, match="draft model"):
             rt.generate(prompt, greedy(spec_type="draft"))
     with Runtime(s["full"]) as rt:  # loaded without the head
-        with pytest.raises(NoMtpHeadError, match="spec_type='mtp'"):
+        with pytest.raises(ConfigError, match="spec_type='mtp'"):
             rt.generate(rt.tokenize(PROMPT), greedy(spec_type="mtp"))
 
 

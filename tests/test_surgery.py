@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import gguf_tools
 from gguf_tools import ops
 from gguf_tools.errors import MismatchError, RefusedError
-from gguf_tools.factory import ARCHS, TinySpec, tiny_model_set, write_tiny_model
+from tests.factory import ARCHS, TinySpec, tiny_model_set, write_tiny_model
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, WritePlan, write_gguf
 from gguf_tools.report import FULL, NO_MTP_GRAPH, SIDECAR, TRUNK_ONLY, inspect_file
@@ -225,8 +225,11 @@ def test_refuses_other_vocabulary_unless_forced(sets, tmp_path):
     kvs = [KV(k.key, [*k.value[:100], "XYZ", *k.value[101:]], k.type, k.sub_type)
            if k.key == "tokenizer.ggml.tokens" else k for k in plan.kvs]
     write_gguf(WritePlan(plan.arch, plan.alignment, kvs, plan.tensors), side)
-    with pytest.raises(MismatchError, match="first at token 100.*--force"):
+    with pytest.raises(MismatchError, match="first at token 100.*force grafts") as e:
         ops.pack(s["trunk"], side, tmp_path / "o.gguf")
+    assert "--" not in str(e.value)  # flags are the CLI's: it spells this one as --force
+    r = CliRunner().invoke(main, ["pack", str(s["trunk"]), "--heads", str(side), "-o", str(tmp_path / "o.gguf")])
+    assert r.exit_code == 2 and "(--force grafts anyway)" in r.output and not (tmp_path / "o.gguf").exists()
     ops.pack(s["trunk"], side, tmp_path / "o.gguf", PackOptions(force=True))
     assert tensor_bytes(tmp_path / "o.gguf") == tensor_bytes(s["full"])
 
@@ -235,7 +238,7 @@ def test_refuses_to_overwrite(sets, tmp_path):
     s = sets("qwen35")
     out = tmp_path / "o.gguf"
     out.write_bytes(b"precious")
-    with pytest.raises(RefusedError, match="--overwrite"):
+    with pytest.raises(RefusedError, match=r"output exists \(overwrite replaces it\)"):
         ops.pack(s["trunk"], s["sidecar"], out)
     assert out.read_bytes() == b"precious"
     copy = tmp_path / "trunk.gguf"

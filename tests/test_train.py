@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from gguf_tools import ops
-from gguf_tools.factory import TinySpec, write_tiny_model
+from tests.factory import TinySpec, write_tiny_model
 from gguf_tools.gguf_file import open_gguf
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
@@ -195,7 +195,8 @@ def test_training_raises_heldout_agreement(trained):
 
 
 def test_store_split_and_resume(trained):
-    from mtp_cli.train.data import Store, collect
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import Store
 
     job = trained["job"]
     work = job.work_dir
@@ -214,7 +215,8 @@ def test_store_split_and_resume(trained):
 
 
 def test_repeated_prompts_are_answered_once_and_stops_drop_only_unfinished(trained, tmp_path):
-    from mtp_cli.train.data import CollectConfig, Store, collect
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import CollectConfig, Store
 
     adopted = trained["job"].work_dir / "adopted.gguf"
     prompts = ["the cat", "hello world", "the cat", "a world"]
@@ -231,8 +233,9 @@ def test_repeated_prompts_are_answered_once_and_stops_drop_only_unfinished(train
 
 def test_batched_answers_equal_one_at_a_time(trained):
     """n_seq prompts answered in one context give the rows a lone greedy run + a teacher-forced pass give."""
-    from mtp_cli.runtime import GenConfig, Runtime
-    from mtp_cli.train.data import BatchedAnswerer, TrunkTeacher
+    from mtp_cli.config import GenConfig
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.train.collect import BatchedAnswerer, TrunkTeacher
 
     rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
     prompts = [[1, *np.random.default_rng(i).integers(3, 300, 3 + 2 * i).tolist()] for i in range(5)]
@@ -260,7 +263,7 @@ def test_sampled_answers_follow_the_top_k_and_repeat_for_a_seed(trained):
     """temp > 0: each next token is one of the previous row's top-k, the run differs from greedy, and
     the same seed and key give the same sequence."""
     from mtp_cli.runtime import Runtime
-    from mtp_cli.train.data import BatchedAnswerer
+    from mtp_cli.train.collect import BatchedAnswerer
 
     rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
     p = [1, 5, 17, 42]
@@ -287,7 +290,8 @@ def test_sampled_answers_follow_the_top_k_and_repeat_for_a_seed(trained):
 
 
 def test_builtin_prompts_alternate_self_written_and_templated():
-    from mtp_cli.train.data import BUILTIN_PROMPTS, SELF_PROMPTS, builtin_prompts, read_prompts
+    from mtp_cli.prompts import read_prompts
+    from mtp_cli.train.data import BUILTIN_PROMPTS, SELF_PROMPTS, builtin_prompts
 
     a, b, both = read_prompts(SELF_PROMPTS), read_prompts(BUILTIN_PROMPTS), builtin_prompts()
     assert len(a) >= 1000 and both[:4] == [a[0], b[0], a[1], b[1]]
@@ -297,7 +301,8 @@ def test_builtin_prompts_alternate_self_written_and_templated():
 def test_self_prompts_are_clean_and_never_an_eval_prompt():
     """The shipped self-written prompts: one line each, within the filter, distinct, and none of the
     held-out evaluation prompts (case and spacing aside)."""
-    from mtp_cli.train.data import PROMPTS_DIR, SELF_PROMPTS, read_prompts
+    from mtp_cli.prompts import read_prompts
+    from mtp_cli.train.data import PROMPTS_DIR, SELF_PROMPTS
     from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
     from mtp_cli.train.selfprompts import normalized as norm
 
@@ -324,7 +329,7 @@ def test_self_prompts_from_smollm2(tmp_path):
     from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable, generate_prompts, user_prefix
 
     model = source_model()
-    pre = user_prefix(model, "<|im_start|>", "<|im_end|>")
+    pre = user_prefix(open_gguf(model), "<|im_start|>", "<|im_end|>")
     assert pre.endswith("<|im_start|>user\n")
     cfg = SelfPromptConfig(n=6, seed=3, n_seq=4)
     a = generate_prompts(model, cfg)
@@ -367,9 +372,9 @@ def test_export_round_trip_loads_with_mtp(trained):
     from mtp_cli.train.pipeline import measure_acceptance
 
     acc = measure_acceptance(res.trunk, ["hello world", "the a"], sidecar=str(side), n_predict=24, chat=False)
-    assert acc.drafted > 0 and len(acc.by_pos) == 3
+    assert acc.n_drafted > 0 and len(acc.acceptance_by_pos) == 3
     acc2 = measure_acceptance(out, ["hello world", "the a"], n_predict=24, chat=False)
-    assert acc2.drafted > 0
+    assert acc2.n_drafted > 0
 
 
 def test_head_trains_against_the_output_matrix_it_drafts_with(trained):
@@ -465,7 +470,7 @@ def test_missing_torch_gives_a_one_line_hint(tmp_path, monkeypatch):
 
 
 def test_refuses_what_it_cannot_train(tmp_path):
-    from gguf_tools.factory import tiny_model_set
+    from tests.factory import tiny_model_set
 
     s = tiny_model_set(tmp_path, "qwen35", "random", "f32")
     r = CliRunner().invoke(main, ["train", str(s["trunk"]), "-o", str(tmp_path / "o.gguf")])

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gguf_tools.factory import tiny_model_set
+from gguf_tools.gguf_file import open_gguf
 from mtp_cli import llama_ext as lx
-from mtp_cli import profiles
-from mtp_cli.adaptive import NO_PROFILE_NOTE, AdaptiveController
+from mtp_cli.speed import profiles
+from mtp_cli.speed.adaptive import AdaptiveController
+from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
 from mtp_cli.cli import main
-from mtp_cli.measure import CostModel, expected_tokens, solve_alpha
-from mtp_cli.runtime import GenConfig, Runtime
+from mtp_cli.speed.costs import CostModel, expected_tokens, solve_alpha
+from mtp_cli.config import GenConfig
+from mtp_cli.runtime import Runtime
+from tests.factory import tiny_model_set
 
 THREADS = 1
 FLAT = [1.0 + 0.05 * n for n in range(9)]  # a machine where verifying more tokens is nearly free
@@ -56,8 +59,13 @@ def greedy(**kw) -> GenConfig:
     return GenConfig(**base)
 
 
-def tokens(rt: Runtime, prompt, cfg: GenConfig, **kw) -> list[int]:
-    return [ev.token for ev in rt.generate(prompt, cfg, **kw)]
+def tokens(rt: Runtime, prompt, cfg: GenConfig, draft_n=None, controller=None, auto: AutoDraft | None = None):
+    """The tokens of one generation; draft_n "auto" / "adaptive" resolved as the CLI does (by `auto`)."""
+    if draft_n is None:
+        return [ev.token for ev in rt.generate(prompt, cfg)]
+    res = (auto or AutoDraft(rt)).resolve(cfg, draft_n, controller)
+    tokens.last = res  # type: ignore[attr-defined]
+    return [ev.token for ev in rt.generate(prompt, res.config, policy=res.policy)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,25 +75,25 @@ def tokens(rt: Runtime, prompt, cfg: GenConfig, **kw) -> list[int]:
 
 def test_model_key_is_stable_and_content_based(models, tmp_path):
     a = models(head_noise=1.0)["full"]
-    k1 = profiles.model_identity(a)["key"]
-    assert profiles.model_identity(a)["key"] == k1
+    k1 = profiles.model_identity(open_gguf(a))["key"]
+    assert profiles.model_identity(open_gguf(a))["key"] == k1
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(a, copy)
-    assert profiles.model_identity(copy)["key"] == k1  # the path is not part of the key
+    assert profiles.model_identity(open_gguf(copy))["key"] == k1  # the path is not part of the key
     # same layout, other head weights (a retrained head): the data samples differ
     b = models(head_noise=2.0)["full"]
-    assert profiles.model_identity(b)["key"] != k1
+    assert profiles.model_identity(open_gguf(b))["key"] != k1
     # one byte inside one tensor's sampled data
-    gf = __import__("gguf_tools.gguf_file", fromlist=["open_gguf"]).open_gguf(copy)
+    gf = open_gguf(copy)
     t = gf.tensors["blk.2.nextn.eh_proj.weight"]
     with open(copy, "r+b") as f:
         f.seek(t.offset)
         byte = f.read(1)
         f.seek(t.offset)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert profiles.model_identity(copy)["key"] != k1
+    assert profiles.model_identity(open_gguf(copy))["key"] != k1
     # another layout (trunk only)
-    assert profiles.model_identity(models(head_noise=1.0)["trunk"])["key"] != k1
+    assert profiles.model_identity(open_gguf(models(head_noise=1.0)["trunk"]))["key"] != k1
 
 
 def test_model_key_reads_only_samples(models, monkeypatch):
@@ -114,17 +122,18 @@ def test_model_key_reads_only_samples(models, monkeypatch):
 
     monkeypatch.setattr(profiles, "open", lambda p, mode="r", *a, **k: Counting(real_open(p, mode, *a, **k)),
                         raising=False)
-    ident = profiles.model_identity(path)
+    ident = profiles.model_identity(open_gguf(path))
     n_tensors = ident["tensors"]
     assert sum(read) <= 2 * profiles.SAMPLE_BYTES * n_tensors < path.stat().st_size // 4
 
 
 def test_profile_key_depends_on_machine_and_sidecar(models):
     s = models(head_noise=1.0)
-    a = profiles.identify(s["full"], n_threads=1)
-    assert a.key == profiles.identify(s["full"], n_threads=1).key
-    assert a.key != profiles.identify(s["full"], n_threads=2).key
-    assert a.key != profiles.identify(s["trunk"], s["sidecar"], n_threads=1).key
+    full, trunk, side = (open_gguf(s[k]) for k in ("full", "trunk", "sidecar"))
+    a = profiles.identify(full, n_threads=1)
+    assert a.key == profiles.identify(full, n_threads=1).key
+    assert a.key != profiles.identify(full, n_threads=2).key
+    assert a.key != profiles.identify(trunk, side, n_threads=1).key
     assert a.machine["cpu"] and a.machine["backend"] in ("cpu", "gpu")
 
 
@@ -176,7 +185,7 @@ def test_break_even():
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
 def test_measure_costs_directly(models, arch):
-    from mtp_cli.measure import measure_costs
+    from mtp_cli.speed.probe import measure_costs
 
     with Runtime(models(arch, head_noise=1.0)["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world, this is a prompt")
@@ -202,15 +211,9 @@ def test_measure_costs_directly(models, arch):
 def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0) -> None:
     rng = random.Random(seed)
     k = a = -1
-    quiet = 0
     ctl.begin(0.0)
     for done in range(steps):
-        if quiet:  # as the runtime: calls may be skipped while drafting is off
-            quiet -= 1
-            k = a = 0
-            continue
-        n = ctl.step(k, a, 0.0, done)
-        quiet = ctl.quiet
+        n = ctl.step(k, a, 0.0, done)  # (answered without looking while drafting is off)
         if ctl.shadow:  # the runtime drafts one token, verifies none, reports the comparison
             ctl.shadow_result(rng.random() < alpha)
             k = a = 0
@@ -268,7 +271,7 @@ def test_adaptive_greedy_equals_plain(models, arch):
         prompt = rt.tokenize("hello world")
         ref = tokens(rt, prompt, greedy(n_predict=120))
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, start=2)
-        out = tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp", draft_n_max="adaptive"), controller=ctl)
+        out = tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl)
         assert out == ref
         assert rt.stats.n_drafted > 0 and 0 < rt.stats.n_accepted < rt.stats.n_drafted
         assert ctl.n_switches >= 1 and len([n for n in ctl.steps_at if n]) >= 2  # it did change N
@@ -277,13 +280,11 @@ def test_adaptive_greedy_equals_plain(models, arch):
     with Runtime(u["full"], spec_type="mtp") as rt:
         ref = tokens(rt, prompt, greedy(n_predict=120))
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False)
-        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp", draft_n_max="adaptive"),
-                      controller=ctl) == ref
+        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
         assert ctl.n_shadow >= 2 and ctl.n_probes == 0 and ctl.best == 0  # shadow probes only
         # off but kept in step (what longer plain steps get): same tokens
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, may_sleep=False)
-        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp", draft_n_max="adaptive"),
-                      controller=ctl) == ref
+        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
         assert ctl.n_shadow >= 2 and not ctl.sleep
 
 
@@ -292,8 +293,7 @@ def test_adaptive_decisions_useless_vs_perfect_head(models):
         with Runtime(models(head_noise=noise)["full"], spec_type="mtp") as rt:
             ctl = AdaptiveController(8, costs=FLAT, measure=False)
             for p in ("hello world", "the cat", "one two three"):
-                tokens(rt, rt.tokenize(p), greedy(n_predict=100, spec_type="mtp", draft_n_max="adaptive"),
-                       controller=ctl)
+                tokens(rt, rt.tokenize(p), greedy(n_predict=100, spec_type="mtp"), "adaptive", ctl)
             st = ctl.steps_at
             if expect_on:  # (each step emits up to 9 tokens here: few steps)
                 assert ctl.best >= 2 and sum(st[1:]) > 0.6 * sum(st)
@@ -305,11 +305,12 @@ def test_adaptive_decisions_useless_vs_perfect_head(models):
 def test_adaptive_with_measured_costs_runs_and_keeps_one_controller(models):
     with Runtime(models(head_noise=8.0)["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello")
-        cfg = greedy(spec_type="mtp", draft_n_max="adaptive")
+        cfg = greedy(spec_type="mtp")
+        auto = AutoDraft(rt)
         ref = tokens(rt, prompt, greedy())
-        assert tokens(rt, prompt, cfg) == ref
-        first = rt.controller
-        assert tokens(rt, prompt, cfg) == ref and rt.controller is first  # learning carries over
+        assert tokens(rt, prompt, cfg, "adaptive", auto=auto) == ref
+        first = tokens.last.policy
+        assert tokens(rt, prompt, cfg, "adaptive", auto=auto) == ref and tokens.last.policy is first  # learning carries over
         assert first.n_max == rt.stats.n_max == 8
 
 
@@ -317,21 +318,22 @@ def test_auto_without_and_with_a_profile(models, config_dir):
     s = models(head_noise=1.0)
     with Runtime(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello")
-        cfg = greedy(spec_type="mtp", draft_n_max="auto")
+        cfg = greedy(spec_type="mtp")
+        auto = AutoDraft(rt)
         ref = tokens(rt, prompt, greedy())
-        assert tokens(rt, prompt, cfg) == ref
-        assert rt.note == NO_PROFILE_NOTE and rt.controller is not None  # no profile: adaptive
-        key = rt.profile_key(cfg)
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
+        assert tokens.last.note == NO_PROFILE_NOTE and tokens.last.policy is not None  # no profile: adaptive
+        key = auto.profile_key(cfg)
         profiles.save(_profile(key, "mtp", 2, 0.0))
-        assert tokens(rt, prompt, cfg) == ref
-        assert rt.stats.spec_type == "mtp" and rt.stats.n_max == 2 and rt.controller is None
-        assert "tuned profile: mtp N=2" in rt.note
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
+        assert rt.stats.spec_type == "mtp" and rt.stats.n_max == 2 and tokens.last.policy is None
+        assert "tuned profile: mtp N=2" in tokens.last.note
         profiles.save(_profile(key, "none"))
-        assert tokens(rt, prompt, cfg) == ref
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
         assert rt.stats.spec_type == "none" and rt.stats.n_drafted == 0
         # another thread count is another machine setting: no profile
-        tokens(rt, prompt, greedy(spec_type="mtp", draft_n_max="auto", n_threads=2, n_predict=4))
-        assert rt.note == NO_PROFILE_NOTE
+        tokens(rt, prompt, greedy(spec_type="mtp", n_threads=2, n_predict=4), "auto", auto=auto)
+        assert tokens.last.note == NO_PROFILE_NOTE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +342,7 @@ def test_auto_without_and_with_a_profile(models, config_dir):
 
 
 def test_tune_small_budget_picks_and_saves(models, config_dir):
-    from mtp_cli.tune import tune
+    from mtp_cli.speed.tune import tune
 
     path = models(head_noise=1.0)["full"]
     events = []
@@ -353,7 +355,7 @@ def test_tune_small_budget_picks_and_saves(models, config_dir):
     assert cm.t_ms > 0 and len(cm.verify) == 5 and cm.draft > 0
     assert res.profile_path == config_dir / profiles.PROFILE_FILE
     with Runtime(path, spec_type="mtp") as rt:
-        prof = profiles.find(rt.profile_key(greedy(spec_type="mtp", draft_n_max="auto")))
+        prof = profiles.find(AutoDraft(rt).profile_key(greedy(spec_type="mtp")))
         assert prof is not None and prof.setting == ("off" if res.best.spec_type == "none" else res.best.name)
         assert prof.cost_model["break_even"] and prof.settings
 

@@ -15,13 +15,9 @@ Modules, one concept each:
 
 from __future__ import annotations
 
-from mtp_cli.runtime import RuntimeConfigError
+from mtp_cli.errors import MissingTorchError
 
 TORCH_HINT = "training needs torch: pip install 'mtp-cli[train]'"
-
-
-class MissingTorchError(RuntimeConfigError):
-    """torch is not installed (the `train` extra)."""
 
 
 def require_torch():

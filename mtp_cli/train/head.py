@@ -53,8 +53,22 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class MtpHead(nn.Module):
-    def __init__(self, params: TrunkParams, weights: Mapping[str, np.ndarray], embed: np.ndarray, output: np.ndarray,
-                 output_norm: np.ndarray, *, fast: bool = False, output_act: str | None = None):
+    embed: torch.Tensor  # buffers (frozen, not saved)
+    output: torch.Tensor
+    output_norm: torch.Tensor
+    inv_freq: torch.Tensor
+
+    def __init__(
+        self,
+        params: TrunkParams,
+        weights: Mapping[str, np.ndarray],
+        embed: np.ndarray,
+        output: np.ndarray,
+        output_norm: np.ndarray,
+        *,
+        fast: bool = False,
+        output_act: str | None = None,
+    ):
         """`weights`: the head's short-named weights (glm4moe_head names; shared_head_norm optional).
         `fast`: multiply by the frozen output matrix in bfloat16 (about 2.5x faster on CPUs with
         AVX512-BF16), and by the block's weights too in training mode (a step 1.5x faster; norms,
@@ -74,22 +88,33 @@ class MtpHead(nn.Module):
             self.w[_p(name)] = nn.Parameter(torch.from_numpy(np.array(arr, dtype=np.float32)))
         emb = torch.from_numpy(np.asarray(weights.get("embed_tokens", embed), dtype=np.float32))
         out = weights.get("shared_head_head")
-        out_t = emb if out is None and output is embed else torch.from_numpy(
-            np.asarray(output if out is None else out, dtype=np.float32))
+        out_t = (
+            emb
+            if out is None and output is embed
+            else torch.from_numpy(np.asarray(output if out is None else out, dtype=np.float32))
+        )
         self.register_buffer("embed", emb, persistent=False)
         self.register_buffer("output", out_t, persistent=False)
-        self.register_buffer("output_norm", torch.from_numpy(np.asarray(output_norm, dtype=np.float32)), persistent=False)
+        self.register_buffer(
+            "output_norm", torch.from_numpy(np.asarray(output_norm, dtype=np.float32)), persistent=False
+        )
         self.fast = bool(fast)
         self.output_act = output_act
         self._out_bf16 = out_t.to(torch.bfloat16) if fast else None
         half = params.n_rot // 2
-        self.register_buffer("inv_freq", torch.tensor(
-            [params.rope_scale * params.rope_base ** (-2.0 * i / params.n_rot) for i in range(half)], dtype=torch.float64),
-            persistent=False)
+        self.register_buffer(
+            "inv_freq",
+            torch.tensor(
+                [params.rope_scale * params.rope_base ** (-2.0 * i / params.n_rot) for i in range(half)],
+                dtype=torch.float64,
+            ),
+            persistent=False,
+        )
 
     @classmethod
-    def from_trunk(cls, trunk: Trunk, weights: Mapping[str, np.ndarray], *, fast: bool = False,
-                   ggml_rounding: bool = False) -> MtpHead:
+    def from_trunk(
+        cls, trunk: Trunk, weights: Mapping[str, np.ndarray], *, fast: bool = False, ggml_rounding: bool = False
+    ) -> MtpHead:
         """`ggml_rounding`: emulate how llama.cpp's CPU matmul rounds the output matmul's input (for
         parity checks against a Q8_0 / F16 output matrix)."""
         emb = trunk.embed()
@@ -97,8 +122,11 @@ class MtpHead(nn.Module):
         act = None
         if ggml_rounding:
             own = f"blk.{trunk.params.n_trunk}.nextn.shared_head_head.weight"
-            name = own if "shared_head_head" in weights else (
-                "token_embd.weight" if trunk.params.tied_output else "output.weight")
+            name = (
+                own
+                if "shared_head_head" in weights
+                else ("token_embd.weight" if trunk.params.tied_output else "output.weight")
+            )
             t = trunk.gf.tensors.get(name)
             act = _ACT_ROUNDING.get(t.type.name) if t is not None else None
         return cls(trunk.params, weights, emb, out, trunk.output_norm(), fast=fast, output_act=act)
@@ -172,8 +200,9 @@ class MtpHead(nn.Module):
 
     # -- the two draft steps ----------------------------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor, h: torch.Tensor, pos: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, tokens: torch.Tensor, h: torch.Tensor, pos: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draft step 1 over whole sequences (the catch-up rows): tokens (B, T), h (B, T, E) = the
         trunk's h of the previous position (zeros at 0). Returns (hout, k, v); causal attention."""
         T = tokens.shape[1]
@@ -184,8 +213,14 @@ class MtpHead(nn.Module):
         attn = F.scaled_dot_product_attention(q, self._expand(k), self._expand(v), is_causal=True)
         return self.finish(x, attn), k, v
 
-    def step2(self, tokens: torch.Tensor, h_own: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor,
-              pos: torch.Tensor | None = None) -> torch.Tensor:
+    def step2(
+        self,
+        tokens: torch.Tensor,
+        h_own: torch.Tensor,
+        k1: torch.Tensor,
+        v1: torch.Tensor,
+        pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Draft step 2 at every position j: token x_j with the head's own hout of j-1 (h_own, row j),
         attending to step-1 rows 0..j-1 (k1, v1) and to itself, as the MTP context does while drafting."""
         T = tokens.shape[1]

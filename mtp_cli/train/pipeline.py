@@ -19,17 +19,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gguf_tools import ops
-from gguf_tools.archs import ADOPTABLE_ARCHS
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import open_gguf
 from gguf_tools.gguf_write import check_output
+from gguf_tools.names import ADOPT_TARGET, ADOPTABLE_ARCHS, OWN_OUTPUT, OWN_OUTPUT_TYPES, TRAINED_HEAD_TYPES
+from gguf_tools.own_output import drafted_output
+from mtp_cli.config import GenConfig
+from mtp_cli.errors import ConfigError
+from mtp_cli.prompts import read_prompts
+from mtp_cli.stats import GenStats
 from mtp_cli.train import require_torch
-from mtp_cli.train.data import (CollectConfig, CollectProgress, Store, builtin_prompts, collect,
-                                is_heldout, read_documents, read_prompts, source_key)
+from mtp_cli.train.collect import CollectProgress, collect
+from mtp_cli.train.data import INDEX, CollectConfig, Store, builtin_prompts, is_heldout, read_documents, source_key
 
 if TYPE_CHECKING:  # annotations only
     import numpy as np
 
+    from mtp_cli.train.head import MtpHead
+    from mtp_cli.train.trainer import TrainConfig, TrainProgress, TrainResult
     from mtp_cli.train.trunk import Trunk
 
 
@@ -42,7 +49,7 @@ class TrainJob:
     minutes: float = 30.0  # the whole run: collection (at most collect_share of it), then training; 0: export only
     collect_share: float = 0.5
     head_type: str = "f16"
-    own_output: str | None = "q4_0"  # head-owned output matrix (export.OWN_OUTPUT_TYPES) or None: the trunk's
+    own_output: str | None = "q4_0"  # head-owned output matrix (names.OWN_OUTPUT_TYPES) or None: the trunk's
     # the output matrix trained against: "trunk" or an own-output type (for a head packed with its own
     # copy later, as the demo's is); None: the one OUT drafts with
     fit_output: str | None = None
@@ -55,7 +62,7 @@ class TrainJob:
     overwrite: bool = False
     lr: float | None = None  # peak learning rate (None: TrainConfig's)
     collect: CollectConfig = field(default_factory=CollectConfig)
-    train: object = None  # a trainer.TrainConfig (None: defaults with minutes, seed, threads)
+    train: TrainConfig | None = None  # None: the defaults, with minutes, seed and threads
 
     @property
     def work_dir(self) -> Path:
@@ -67,7 +74,7 @@ class JobResult:
     out: Path
     trunk: Path  # the glm4moe trunk the head belongs to (adopted into the work folder, or MODEL)
     store_rows: int
-    train: object  # trainer.TrainResult
+    train: TrainResult
     heldout_prompts: list[str]
 
 
@@ -93,11 +100,13 @@ def heldout_prompts(prompts: Sequence[str], seed: int = 0, frac: float | None = 
 def prepare_trunk(job: TrainJob) -> Path:
     """MODEL itself when it is glm4moe, else its adoption in the work folder (made once)."""
     gf = open_gguf(job.model)
-    if gf.arch == "glm4moe":
+    if gf.arch == ADOPT_TARGET:
         return job.model
     if gf.arch not in ADOPTABLE_ARCHS:
-        raise RefusedError(f"training needs a glm4moe trunk or a llama/qwen2/qwen3 model to adopt, not {gf.arch!r}",
-                           job.model)
+        raise RefusedError(
+            f"training needs a {ADOPT_TARGET} trunk or a {'/'.join(ADOPTABLE_ARCHS)} model to adopt, not {gf.arch!r}",
+            job.model,
+        )
     adopted = job.work_dir / "adopted.gguf"
     if not adopted.exists():
         job.work_dir.mkdir(parents=True, exist_ok=True)
@@ -105,141 +114,176 @@ def prepare_trunk(job: TrainJob) -> Path:
     return adopted
 
 
-def run_train(job: TrainJob, *, on_stage: Callable[[str], None] | None = None,
-              on_collect: Callable[[CollectProgress], None] | None = None,
-              on_train: Callable[[object], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> JobResult:
-    torch = require_torch()  # fail before any work
-    from mtp_cli.train.export import HEAD_TYPES, OWN_OUTPUT_TYPES, export_model, write_sidecar
-    from mtp_cli.train.head import MtpHead
-    from mtp_cli.train.trainer import TrainConfig, Trainer
+def check_job(job: TrainJob) -> None:
+    """Refuse a job's bad settings before any work (ConfigError naming the setting)."""
+    require_torch()
+    if job.head_type not in TRAINED_HEAD_TYPES:
+        raise ConfigError(f"unknown `head_type` {job.head_type!r} ({', '.join(TRAINED_HEAD_TYPES)})")
+    if job.own_output is not None and job.own_output not in OWN_OUTPUT_TYPES:
+        raise ConfigError(f"unknown `own_output` type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
+    if job.fit_output is not None and job.fit_output not in ("trunk", *OWN_OUTPUT_TYPES):
+        raise ConfigError(f"unknown `fit_output` type {job.fit_output!r} (trunk, {', '.join(OWN_OUTPUT_TYPES)})")
+    if job.lr is not None and not (math.isfinite(job.lr) and job.lr > 0):
+        raise ConfigError(f"`lr` must be above 0, got {job.lr}")
+    if job.minutes < 0:
+        raise ConfigError(f"`minutes` must be >= 0, got {job.minutes}")
+    if not 0.0 <= job.collect_share <= 1.0:
+        raise ConfigError(f"`collect_share` must be between 0 and 1, got {job.collect_share}")
+    check_output(job.out, [job.model], job.overwrite)
+
+
+def run_train(
+    job: TrainJob,
+    *,
+    on_stage: Callable[[str], None] | None = None,
+    on_collect: Callable[[CollectProgress], None] | None = None,
+    on_train: Callable[[TrainProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> JobResult:
     from mtp_cli.train.trunk import Trunk
 
-    if job.head_type not in HEAD_TYPES:
-        raise RefusedError(f"unknown head type {job.head_type!r} ({', '.join(HEAD_TYPES)})")
-    if job.own_output is not None and job.own_output not in OWN_OUTPUT_TYPES:
-        raise RefusedError(f"unknown output type {job.own_output!r} (none, {', '.join(OWN_OUTPUT_TYPES)})")
-    if job.fit_output is not None and job.fit_output not in ("trunk", *OWN_OUTPUT_TYPES):
-        raise RefusedError(f"unknown output type to train against {job.fit_output!r} (trunk, {', '.join(OWN_OUTPUT_TYPES)})")
-    if job.lr is not None and not (math.isfinite(job.lr) and job.lr > 0):
-        raise RefusedError(f"--lr must be above 0, got {job.lr}")
-    if job.minutes < 0:
-        raise RefusedError(f"--minutes must be >= 0, got {job.minutes}")
-    if not 0.0 <= job.collect_share <= 1.0:
-        raise RefusedError(f"--collect-share must be between 0 and 1, got {job.collect_share}")
-    check_output(job.out, [job.model], job.overwrite)
+    check_job(job)
     stage = on_stage or (lambda s: None)
-    torch.set_num_threads(max(1, job.n_threads))
-
+    require_torch().set_num_threads(max(1, job.n_threads))
+    t0 = time.monotonic()
     stage("adopt")
     trunk_path = prepare_trunk(job)
     trunk = Trunk(trunk_path)  # refuses what the head cannot express, before collecting
     job.work_dir.mkdir(parents=True, exist_ok=True)
     docs, prompts = sources(job)
-    ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
-
-    budget = job.minutes * 60.0
-    t0 = time.monotonic()
-    collect_until = t0 + budget * job.collect_share
-
-    def collect_stop() -> bool:
-        # sources left over are collected by the next run in the same work folder
-        return time.monotonic() >= collect_until or bool(should_stop and should_stop())
-
     stage("collect")
+    store = _collect(job, trunk_path, docs, prompts, t0, on_collect, should_stop)
+    stage("train")
+    head, result = _train(job, trunk, store, t0, on_train, should_stop)
+    stage("export")
+    _export(job, trunk_path, head.weights())
+    return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, job.collect.heldout))
+
+
+def _collect(
+    job: TrainJob,
+    trunk_path: Path,
+    docs: list[str],
+    prompts: list[str],
+    t0: float,
+    on_collect: Callable[[CollectProgress], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> Store:
+    """At most collect_share of the run; what is left is collected by the next run in the work folder."""
+    collect_until = t0 + job.minutes * 60.0 * job.collect_share
     data = job.work_dir / "data"
-    if budget * job.collect_share > 0 or not (data / "index.json").is_file():
-        store = collect(trunk_path, data, texts=docs, prompts=prompts, cfg=ccfg, progress=on_collect,
-                        should_stop=collect_stop)
+    if job.minutes * job.collect_share > 0 or not (data / INDEX).is_file():
+        ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
+        store = collect(
+            trunk_path,
+            data,
+            texts=docs,
+            prompts=prompts,
+            cfg=ccfg,
+            progress=on_collect,
+            should_stop=lambda: time.monotonic() >= collect_until or bool(should_stop and should_stop()),
+        )
     else:  # no time to collect: train on (or export from) what the work folder holds
         store = Store.open(data)
     if should_stop and should_stop():
         raise KeyboardInterrupt
     if not store.split("train"):
-        raise RefusedError("no training data collected yet: give the run more --minutes (and a --collect-share "
-                           "above 0)", job.work_dir)
+        raise ConfigError(
+            f"{job.work_dir}: no training data collected yet: give the run more `minutes` "
+            "(and a `collect_share` above 0)"
+        )
+    return store
 
-    stage("train")
+
+def _train(
+    job: TrainJob,
+    trunk: Trunk,
+    store: Store,
+    t0: float,
+    on_train: Callable[[TrainProgress], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> tuple[MtpHead, TrainResult]:
+    from mtp_cli.train.head import MtpHead
+    from mtp_cli.train.trainer import TrainConfig, Trainer
+
     head = MtpHead.from_trunk(trunk, training_weights(trunk, job), fast=True)
-    left = max(0.0, budget - (time.monotonic() - t0))  # (after the head's setup: it is part of the run)
-    tcfg = job.train if job.train is not None else TrainConfig(
-        minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
+    left = max(0.0, job.minutes * 60.0 - (time.monotonic() - t0))  # (after the head's setup: it is part of the run)
+    tcfg = (
+        job.train
+        if job.train is not None
+        else TrainConfig(minutes=left / 60.0, seed=job.seed, n_threads=job.n_threads, max_steps=None if left > 0 else 0)
+    )
     if job.lr is not None:
         tcfg = replace(tcfg, lr=job.lr)
     trainer = Trainer(head, store, tcfg, checkpoint=job.work_dir / "head.ckpt")
-    result = trainer.run(on_train, should_stop)
+    return head, trainer.run(on_train, should_stop)
 
-    stage("export")
-    weights = head.weights()
-    if job.sidecar:
-        write_sidecar(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
-    else:
-        export_model(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
-    return JobResult(job.out, trunk_path, store.n_rows, result, heldout_prompts(prompts, job.seed, ccfg.heldout))
+
+def _export(job: TrainJob, trunk_path: Path, weights: dict[str, np.ndarray]) -> None:
+    from mtp_cli.train.export import export_model, write_sidecar
+
+    write = write_sidecar if job.sidecar else export_model
+    write(trunk_path, weights, job.out, job.head_type, overwrite=job.overwrite, own_output=job.own_output)
 
 
 def training_weights(trunk: Trunk, job: TrainJob) -> dict[str, np.ndarray]:
     """The head's starting weights, plus the output matrix it drafts with when that is not the trunk's
     (frozen: export writes the same values again, from the trunk; a slot's own copy is never exported)."""
-    from mtp_cli.train.export import drafted_output
     from mtp_cli.train.trunk import initial_weights
 
     w = initial_weights(trunk, job.init, job.seed)
-    w.pop("shared_head_head", None)
+    w.pop(OWN_OUTPUT, None)
     fit = job.fit_output or job.own_output or "trunk"
     if fit != "trunk":
-        w["shared_head_head"] = drafted_output(trunk.gf, fit)
+        w[OWN_OUTPUT] = drafted_output(trunk.gf, fit)
     return w
 
 
-@dataclass
-class Acceptance:
-    prompts: int
-    tokens: int
-    passes: int
-    drafted: int
-    accepted: int
-    by_pos: list[float]  # acceptance of draft position i+1 (passes keeping it / passes drafting it)
-    mean_accepted_per_pass: float
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-def measure_acceptance(model: str | os.PathLike[str], prompts: Sequence[str], *, sidecar: str | None = None,
-                       n_predict: int = 128, draft_n_max: int = 3, n_threads: int = 1, chat: bool | None = None,
-                       n_ctx: int = 1024) -> Acceptance:
-    """Greedy decoding with the MTP head through our Runtime; acceptance by draft position."""
+def measure_acceptance(
+    model: str | os.PathLike[str],
+    prompts: Sequence[str],
+    *,
+    sidecar: str | None = None,
+    n_predict: int = 128,
+    draft_n_max: int = 3,
+    n_threads: int = 1,
+    chat: bool | None = None,
+    n_ctx: int = 1024,
+) -> GenStats:
+    """Greedy decoding with the MTP head through the Runtime; the generations' pooled stats
+    (acceptance by draft position: acceptance_by_pos)."""
     from mtp_cli.chat import chat_prompt
-    from mtp_cli.runtime import GenConfig, Runtime
+    from mtp_cli.runtime import Runtime
 
-    cfg = GenConfig(n_predict=n_predict, n_ctx=n_ctx, n_threads=n_threads, spec_type="mtp", draft_model=sidecar,
-                    draft_n_max=draft_n_max, temp=0.0)
-    gf = open_gguf(model)
-    use_chat = chat if chat is not None else isinstance(gf.get("tokenizer.chat_template"), str)
-    drafted_at = [0] * draft_n_max
-    accepted_at = [0] * draft_n_max
-    tot = Acceptance(0, 0, 0, 0, 0, [], 0.0)
+    cfg = GenConfig(
+        n_predict=n_predict,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        spec_type="mtp",
+        draft_model=sidecar,
+        draft_n_max=draft_n_max,
+        temp=0.0,
+    )
+    runs = []
     with Runtime.load(model, cfg) as rt:
+        use_chat = chat if chat is not None else isinstance(rt.file.get("tokenizer.chat_template"), str)
         for p in prompts:
-            text = chat_prompt(gf, p, *rt.special_texts()) if use_chat else p
-            toks = rt.tokenize(text, add_special=True, parse_special=use_chat)
-            for _ in rt.generate(toks, cfg):
+            text = chat_prompt(rt.file, p, *rt.special_texts()) if use_chat else p
+            for _ in rt.generate(rt.tokenize(text, add_special=True, parse_special=use_chat), cfg):
                 pass
-            st = rt.stats
-            tot.prompts += 1
-            tot.tokens += st.n_tokens
-            tot.passes += st.n_verify
-            tot.drafted += st.n_drafted
-            tot.accepted += st.n_accepted
-            for i in range(min(draft_n_max, len(st.drafted_at))):
-                drafted_at[i] += st.drafted_at[i]
-                accepted_at[i] += st.accepted_at[i]
-    tot.by_pos = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
-    tot.mean_accepted_per_pass = tot.accepted / tot.passes if tot.passes else 0.0
-    return tot
+            assert rt.stats is not None
+            runs.append(rt.stats)
+    return GenStats.pooled(runs)
 
 
-__all__ = ["TrainJob", "JobResult", "run_train", "sources", "heldout_prompts", "prepare_trunk", "measure_acceptance",
-           "Acceptance", "Store"]
+__all__ = [
+    "TrainJob",
+    "JobResult",
+    "check_job",
+    "run_train",
+    "sources",
+    "heldout_prompts",
+    "prepare_trunk",
+    "measure_acceptance",
+    "Store",
+]

@@ -17,24 +17,97 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtp_cli.train.data import BatchedAnswerer, run_answerers
+from gguf_tools.atomic import write_text
+from gguf_tools.gguf_file import GGUFFile
+from mtp_cli.chat import chat_prompt
+from mtp_cli.runtime import Runtime
+from mtp_cli.train.collect import BatchedAnswerer, run_answerers
 
 # Opening phrases, steering kinds without fixing subjects; "" lets the model choose freely.
 STARTERS: tuple[str, ...] = (
-    "", "", "", "", "", "", "", "", "", "", "", "",
-    "Write an email", "Write a short email", "Could you write an email", "Please write an email", "Draft an email",
-    "Email to", "write an email", "I need to email", "Help me write a message",
-    "How do I make", "Give me a recipe", "Recipe for", "What's a good recipe", "How do you cook", "how do i make",
-    "I have", "What can I cook",
-    "Tell me a story", "Write a story", "Write a short story", "Can you write a story", "Write a poem",
-    "Write a children's story", "short story:",
-    "How do I", "How do you", "how do i", "How can I", "What's the best way to", "Steps to", "Teach me how to",
-    "I want to learn", "I want to start", "Help me",
-    "Explain", "Explain how", "Why do", "Why does", "Why is", "What is", "What are", "What happens when",
-    "How does", "How do", "why do", "what is", "Can you explain",
-    "List", "Give me a list", "Name", "What are some", "Give me ideas", "Suggest", "Which", "Give me",
-    "Can you", "Could you", "Please", "I need", "I'm", "My", "Is it", "Should I", "What should I",
-    "Compare", "Describe", "Summarize", "Write a", "Create a", "Plan", "What's the difference between",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "Write an email",
+    "Write a short email",
+    "Could you write an email",
+    "Please write an email",
+    "Draft an email",
+    "Email to",
+    "write an email",
+    "I need to email",
+    "Help me write a message",
+    "How do I make",
+    "Give me a recipe",
+    "Recipe for",
+    "What's a good recipe",
+    "How do you cook",
+    "how do i make",
+    "I have",
+    "What can I cook",
+    "Tell me a story",
+    "Write a story",
+    "Write a short story",
+    "Can you write a story",
+    "Write a poem",
+    "Write a children's story",
+    "short story:",
+    "How do I",
+    "How do you",
+    "how do i",
+    "How can I",
+    "What's the best way to",
+    "Steps to",
+    "Teach me how to",
+    "I want to learn",
+    "I want to start",
+    "Help me",
+    "Explain",
+    "Explain how",
+    "Why do",
+    "Why does",
+    "Why is",
+    "What is",
+    "What are",
+    "What happens when",
+    "How does",
+    "How do",
+    "why do",
+    "what is",
+    "Can you explain",
+    "List",
+    "Give me a list",
+    "Name",
+    "What are some",
+    "Give me ideas",
+    "Suggest",
+    "Which",
+    "Give me",
+    "Can you",
+    "Could you",
+    "Please",
+    "I need",
+    "I'm",
+    "My",
+    "Is it",
+    "Should I",
+    "What should I",
+    "Compare",
+    "Describe",
+    "Summarize",
+    "Write a",
+    "Create a",
+    "Plan",
+    "What's the difference between",
 )
 
 
@@ -73,31 +146,31 @@ def acceptable(text: str, cfg: SelfPromptConfig) -> bool:
     return sum(c.isascii() for c in text) >= 0.97 * len(text)
 
 
-def user_prefix(model_path: str | os.PathLike[str], bos: str, eos: str) -> str:
+def user_prefix(gf: GGUFFile, bos: str, eos: str) -> str:
     """The chat template rendered up to where the user's message begins."""
-    from gguf_tools.gguf_file import open_gguf
-    from mtp_cli.chat import chat_prompt
-
     mark = "\x00USER\x00"
-    text = chat_prompt(open_gguf(model_path), mark, bos, eos)
+    text = chat_prompt(gf, mark, bos, eos)
     return text[: text.index(mark)]
 
 
-def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, *, exclude: Iterable[str] = (),
-                     progress: Callable[[SelfPromptProgress], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None) -> list[str]:
+def generate_prompts(
+    model_path: str | os.PathLike[str],
+    cfg: SelfPromptConfig,
+    *,
+    exclude: Iterable[str] = (),
+    progress: Callable[[SelfPromptProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[str]:
     """`cfg.n` distinct user prompts sampled from the model (the same for a seed, up to batched
     kernels' rounding), none equal (case and spacing aside) to one of `exclude` (say, held-out evaluation prompts).
     Raises ChatTemplateError when the model has no chat template."""
-    from mtp_cli.runtime import Runtime
-
     rt = Runtime(model_path, spec_type="none")
     answerers: list[BatchedAnswerer] = []
     seen = {normalized(e) for e in exclude}
     results: dict[int, str] = {}
     tried = 0
     try:
-        prefix = user_prefix(model_path, *rt.special_texts())
+        prefix = user_prefix(rt.file, *rt.special_texts())
         rng = np.random.default_rng(cfg.seed)
         tries = int(cfg.n * 2) + 16
         starters = [STARTERS[i] for i in rng.integers(0, len(STARTERS), size=tries)]
@@ -114,7 +187,7 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
             nonlocal tried
             tried += 1
             i = int(key)
-            gen = rt.detokenize([int(t) for t in seq["tokens"][seq["n_prompt"]:]])
+            gen = rt.detokenize([int(t) for t in seq["tokens"][seq["n_prompt"] :]])
             text = (starters[i] + gen).strip()
             if seq["eog"] and acceptable(text, cfg) and normalized(text) not in seen:
                 seen.add(normalized(text))
@@ -123,8 +196,17 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
                 progress(SelfPromptProgress(len(results), tried, cfg.n))
 
         for _ in range(max(1, cfg.n_threads)):
-            answerers.append(BatchedAnswerer(rt.model, max_len=max_len, top_k=cfg.top_k, n_seq=cfg.n_seq, n_threads=1,
-                                             temp=cfg.temp, seed=cfg.seed))
+            answerers.append(
+                BatchedAnswerer(
+                    rt.model,
+                    max_len=max_len,
+                    top_k=cfg.top_k,
+                    n_seq=cfg.n_seq,
+                    n_threads=1,
+                    temp=cfg.temp,
+                    seed=cfg.seed,
+                )
+            )
         # no early stop once enough are kept: the jobs in flight finish, so the first n by job order are
         # the same whatever the threads' timing
         run_answerers(answerers, jobs(), done, should_stop)
@@ -138,14 +220,16 @@ def generate_prompts(model_path: str | os.PathLike[str], cfg: SelfPromptConfig, 
 
 def write_prompts(path: str | os.PathLike[str], prompts: Sequence[str], header: Sequence[str] = ()) -> None:
     """One prompt per line (`#` header lines first), written atomically."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for h in header:
-            f.write(f"# {h}\n")
-        for p in prompts:
-            f.write(p + "\n")
-    os.replace(tmp, path)
+    write_text(path, "".join(f"# {h}\n" for h in header) + "".join(p + "\n" for p in prompts))
 
 
-__all__ = ["STARTERS", "SelfPromptConfig", "SelfPromptProgress", "generate_prompts", "write_prompts", "acceptable", "normalized",
-           "user_prefix"]
+__all__ = [
+    "STARTERS",
+    "SelfPromptConfig",
+    "SelfPromptProgress",
+    "generate_prompts",
+    "write_prompts",
+    "acceptable",
+    "normalized",
+    "user_prefix",
+]

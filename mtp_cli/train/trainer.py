@@ -4,9 +4,10 @@ Per batch of whole sequences (the head's own causal attention over each, as at d
 
 - draft step 1 at every row j: token x_j with the trunk's h of row j-1 -> the trunk's distribution
   at row j (its prediction of the token after x_j);
-- draft step 2 (`unroll`, from `unroll_from` of the budget on): token x_j with the HEAD's own output h of row j-1, attending to the step-1
-  rows 0..j-1 and itself -> the trunk's distribution at row j; only where x_j is the trunk's own
-  greedy token after row j-1 (a draft that would have been accepted), gradients through both steps.
+- draft step 2 (`unroll`, from `unroll_from` of the budget on): token x_j with the HEAD's own output h
+  of row j-1, attending to the step-1 rows 0..j-1 and itself -> the trunk's distribution at row j;
+  only where x_j is the trunk's own greedy token after row j-1 (a draft that would have been
+  accepted), gradients through both steps.
 
 Losses: "kl" = cross-entropy to the trunk's top-K distribution (renormalised; = KL up to a
 constant), "ce" = cross-entropy on the trunk's top-1 token, "mix" = their mean; plus (feature_weight)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gguf_tools.atomic import atomic_output
+from mtp_cli.errors import TrainDataError
 from mtp_cli.train.data import Store
 from mtp_cli.train.head import MtpHead
 
@@ -114,13 +118,22 @@ class Batcher:
             ids[b, :n] = d["topk_id"]
             lp[b, :n] = d["topk_lp"]
             valid[b, :n] = True
-            answer[b, s.get("n_prompt", 0):n] = True
+            answer[b, s.get("n_prompt", 0) : n] = True
         valid2 = np.zeros_like(valid)
         valid2[:, 1:] = valid[:, 1:] & (tokens[:, 1:] == ids[:, :-1, 0])  # x_j is the trunk's greedy after j-1
         t = torch.from_numpy
         weight = np.where(answer, 1.0, prompt_weight).astype(np.float32)
-        return {"tokens": t(tokens), "hprev": t(hprev), "hcur": t(hcur), "ids": t(ids), "lp": t(lp), "valid": t(valid),
-                "valid2": t(valid2), "answer": t(answer), "weight": t(weight)}
+        return {
+            "tokens": t(tokens),
+            "hprev": t(hprev),
+            "hcur": t(hcur),
+            "ids": t(ids),
+            "lp": t(lp),
+            "valid": t(valid),
+            "valid2": t(valid2),
+            "answer": t(answer),
+            "weight": t(weight),
+        }
 
 
 def _feature_loss(hout: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -155,8 +168,13 @@ def _leading(seqs: list[dict], rows: int) -> list[dict]:
 
 
 class Trainer:
-    def __init__(self, head: MtpHead, store: Store, cfg: TrainConfig = TrainConfig(),
-                 checkpoint: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        head: MtpHead,
+        store: Store,
+        cfg: TrainConfig = TrainConfig(),
+        checkpoint: str | os.PathLike[str] | None = None,
+    ):
         if cfg.loss not in LOSSES:
             raise ValueError(f"unknown loss {cfg.loss!r} ({', '.join(LOSSES)})")
         self.head, self.store, self.cfg = head, store, cfg
@@ -183,9 +201,16 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------
 
     def _load(self) -> None:
-        st = torch.load(self.ckpt, weights_only=False)
-        self.head.w.load_state_dict(st["weights"])
-        self.opt.load_state_dict(st["opt"])
+        assert self.ckpt is not None
+        try:
+            st = torch.load(self.ckpt, weights_only=False)
+            self.head.w.load_state_dict(st["weights"])
+            self.opt.load_state_dict(st["opt"])
+        except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as e:
+            raise TrainDataError(
+                f"{self.ckpt}: not a checkpoint of this head ({type(e).__name__}); delete it, "
+                "or use another work folder (`work`)"
+            ) from None
         for g in self.opt.param_groups:  # (the checkpoint's own would win otherwise; lr is set every step)
             g["weight_decay"] = self.cfg.weight_decay
         self.step, self.elapsed_total, self.history = st["step"], st["elapsed_total"], st["history"]
@@ -195,11 +220,20 @@ class Trainer:
     def save(self) -> None:
         if self.ckpt is None:
             return
-        tmp = self.ckpt.with_name(self.ckpt.name + ".tmp")
-        torch.save({"weights": self.head.w.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "elapsed_total": self.elapsed_total, "history": self.history, "rng": self.rng.bit_generator.state,
-                    "torch_rng": torch.get_rng_state(), "config": asdict(self.cfg)}, tmp)
-        os.replace(tmp, self.ckpt)
+        with atomic_output(self.ckpt) as tmp:
+            torch.save(
+                {
+                    "weights": self.head.w.state_dict(),
+                    "opt": self.opt.state_dict(),
+                    "step": self.step,
+                    "elapsed_total": self.elapsed_total,
+                    "history": self.history,
+                    "rng": self.rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(),
+                    "config": asdict(self.cfg),
+                },
+                tmp,
+            )
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -219,6 +253,7 @@ class Trainer:
             counts = np.bincount(top1, minlength=V)
             self._frequent = torch.from_numpy(np.argsort(-counts, kind="stable")[:n].astype(np.int64))
             self._lut = torch.full((V,), -1, dtype=torch.int64)
+        assert self._lut is not None
         rand = torch.randint(0, V, (n,))
         cols = torch.unique(torch.cat([ids.reshape(-1), self._frequent, rand]))
         self._lut[cols] = torch.arange(len(cols))
@@ -239,8 +274,9 @@ class Trainer:
         if (cfg.unroll if unroll is None else unroll) and bool(m2.any()):
             h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
             hout2 = head.step2(b["tokens"], h2, k, v)
-            loss = loss + cfg.step2_weight * _loss(head.logits(hout2[m2], cols), ids[m2], b["lp"][m2], cfg.loss,
-                                                   b["weight"][m2])
+            loss = loss + cfg.step2_weight * _loss(
+                head.logits(hout2[m2], cols), ids[m2], b["lp"][m2], cfg.loss, b["weight"][m2]
+            )
             rows += int(m2.sum())
         return loss, rows
 
@@ -265,7 +301,7 @@ class Trainer:
         head = self.head
         hit1 = n1 = hit2 = n2 = 0
         for i in range(0, len(seqs), self.cfg.batch_seqs):
-            b = self.batcher.make(seqs[i:i + self.cfg.batch_seqs])
+            b = self.batcher.make(seqs[i : i + self.cfg.batch_seqs])
             hout, k, v = head(b["tokens"], b["hprev"])
             m = b["valid"] & b["answer"]
             hit1 += int((head.logits(hout[m]).argmax(-1) == b["ids"][m][:, 0]).sum())
@@ -278,8 +314,9 @@ class Trainer:
                 n2 += int(m2.sum())
         return hit1 / max(1, n1), hit2 / max(1, n2)
 
-    def run(self, progress: Callable[[TrainProgress], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> TrainResult:
+    def run(
+        self, progress: Callable[[TrainProgress], None] | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> TrainResult:
         cfg = self.cfg
         torch.set_num_threads(max(1, cfg.n_threads))
         budget = cfg.minutes * 60.0 if cfg.minutes > 0 else math.inf
@@ -287,8 +324,14 @@ class Trainer:
         t0 = time.perf_counter()
         init = self.evaluate() if self.heldout else (0.0, 0.0)
         last = init
-        self.history.append({"step": self.step, "elapsed_total": self.elapsed_total, "heldout_top1": init[0],
-                             "heldout_top1_step2": init[1]})
+        self.history.append(
+            {
+                "step": self.step,
+                "elapsed_total": self.elapsed_total,
+                "heldout_top1": init[0],
+                "heldout_top1_step2": init[1],
+            }
+        )
         t_eval = t_ckpt = time.perf_counter()
         losses: list[float] = []
         rows_done = steps_done = 0
@@ -301,9 +344,19 @@ class Trainer:
 
         def report(final: bool = False) -> None:
             if progress:
-                progress(TrainProgress(self.step, elapsed(), float(np.mean(losses[-20:])) if losses else math.nan,
-                                       last[0], last[1], steps_done / t_train if t_train else 0.0,
-                                       rows_done / t_train if t_train else 0.0, budget, final))
+                progress(
+                    TrainProgress(
+                        self.step,
+                        elapsed(),
+                        float(np.mean(losses[-20:])) if losses else math.nan,
+                        last[0],
+                        last[1],
+                        steps_done / t_train if t_train else 0.0,
+                        rows_done / t_train if t_train else 0.0,
+                        budget,
+                        final,
+                    )
+                )
 
         report()
         while True:
@@ -312,45 +365,72 @@ class Trainer:
             if elapsed() >= budget or (should_stop and should_stop()):
                 break
             ts = time.perf_counter()
-            pick = self.rng.choice(len(self.train_seqs), size=min(cfg.batch_seqs, len(self.train_seqs)), replace=False)
-            b = self.batcher.make([self.train_seqs[i] for i in sorted(pick)], cfg.prompt_weight)
             frac = (self.elapsed_total + elapsed()) / total_budget if total_budget > 0 else 0.0
-            for g in self.opt.param_groups:
-                g["lr"] = self._lr(frac)
-            loss, rows = self.losses(b, unroll=cfg.unroll and self._progress(frac, steps_done) >= cfg.unroll_from)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-            self.opt.step()
-            self.step += 1
+            loss, rows = self._one_step(frac, steps_done)
             steps_done += 1
             rows_done += rows
             t_train += time.perf_counter() - ts
-            losses.append(loss.item())
+            losses.append(loss)
             now = time.perf_counter()
             if self.heldout and now - t_eval >= cfg.eval_every_s:
                 last = self.evaluate()
                 t_eval = time.perf_counter()
-                self.history.append({"step": self.step, "elapsed_total": self.elapsed_total + elapsed(),
-                                     "loss": losses[-1], "heldout_top1": last[0], "heldout_top1_step2": last[1]})
+                self.history.append(
+                    {
+                        "step": self.step,
+                        "elapsed_total": self.elapsed_total + elapsed(),
+                        "loss": losses[-1],
+                        "heldout_top1": last[0],
+                        "heldout_top1_step2": last[1],
+                    }
+                )
             if now - t_ckpt >= cfg.ckpt_every_s:
                 self._save_at(elapsed())
                 t_ckpt = time.perf_counter()
             report()
         if self.heldout:
             last = self.evaluate()
-        self.history.append({"step": self.step, "elapsed_total": self.elapsed_total + elapsed(),
-                             "loss": losses[-1] if losses else None, "heldout_top1": last[0],
-                             "heldout_top1_step2": last[1]})
+        self.history.append(
+            {
+                "step": self.step,
+                "elapsed_total": self.elapsed_total + elapsed(),
+                "loss": losses[-1] if losses else None,
+                "heldout_top1": last[0],
+                "heldout_top1_step2": last[1],
+            }
+        )
         secs = elapsed()
         self._save_at(secs)
         self.elapsed_total += secs
         fit = self.evaluate(self.fit_probe) if self.heldout else None  # only worth reading beside held-out
         report(final=True)
         head.eval()
-        return TrainResult(steps_done, secs, steps_done / t_train if t_train else 0.0,
-                           rows_done / t_train if t_train else 0.0, init, last, list(self.history), fit)
+        return TrainResult(
+            steps_done,
+            secs,
+            steps_done / t_train if t_train else 0.0,
+            rows_done / t_train if t_train else 0.0,
+            init,
+            last,
+            list(self.history),
+            fit,
+        )
+
+    def _one_step(self, frac: float, steps_done: int) -> tuple[float, int]:
+        """One optimiser step on a random batch at run fraction `frac`: (its loss, rows trained)."""
+        cfg = self.cfg
+        pick = self.rng.choice(len(self.train_seqs), size=min(cfg.batch_seqs, len(self.train_seqs)), replace=False)
+        b = self.batcher.make([self.train_seqs[i] for i in sorted(pick)], cfg.prompt_weight)
+        for g in self.opt.param_groups:
+            g["lr"] = self._lr(frac)
+        loss, rows = self.losses(b, unroll=cfg.unroll and self._progress(frac, steps_done) >= cfg.unroll_from)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        return loss.item(), rows
 
     def _save_at(self, secs: float) -> None:
         before = self.elapsed_total

@@ -11,29 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import quants
 
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
-from gguf_tools.glm4moe_head import HeadDims, unpack_head_block
+from gguf_tools.glm4moe_head import BLOCK_NAMES, SHEXP, HeadDims, random_weights, unpack_head_block
+from gguf_tools.names import ADOPT_TARGET, OUTPUT_NORM, TOKEN_EMBD
 
-ARCH = "glm4moe"
+ARCH = ADOPT_TARGET
 
 # trunk block tensor suffix -> the head's short weight name (glm4moe_head's names)
-_BLOCK_NAMES = {
-    "attn_norm.weight": "attn_norm", "attn_q.weight": "attn_q", "attn_k.weight": "attn_k", "attn_v.weight": "attn_v",
-    "attn_output.weight": "attn_output", "attn_q_norm.weight": "attn_q_norm", "attn_k_norm.weight": "attn_k_norm",
-    "attn_q.bias": "attn_q.bias", "attn_k.bias": "attn_k.bias", "attn_v.bias": "attn_v.bias",
-    "post_attention_norm.weight": "post_attention_norm", "ffn_gate.weight": "ffn_gate", "ffn_up.weight": "ffn_up",
-    "ffn_down.weight": "ffn_down",
+_BLOCK_NAMES = {suffix: short for short, suffix in BLOCK_NAMES.items()} | {
+    f"ffn_{k}.weight": f"ffn_{k}" for k in ("gate", "up", "down")
 }
-
-
-def read_f32(gf: GGUFFile, name: str) -> np.ndarray:
-    """Tensor `name` of `gf` as float32 in numpy order (dequantized)."""
-    t = gf.tensors[name]
-    raw = np.fromfile(gf.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
-    return np.asarray(quants.dequantize(raw, t.type), dtype=np.float32).reshape(tuple(reversed(t.shape)))
 
 
 @dataclass(frozen=True)
@@ -54,8 +43,9 @@ class TrunkParams:
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> TrunkParams:
         if gf.arch != ARCH:
-            raise RefusedError(f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}",
-                               gf.path)
+            raise RefusedError(
+                f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}", gf.path
+            )
         lay = gf.layout()
         if lay.nextn_layers > 1:
             raise RefusedError(f"has {lay.nextn_layers} head blocks; glm4moe's MTP graph runs exactly one", gf.path)
@@ -68,10 +58,18 @@ class TrunkParams:
         n_vocab = gf.n_vocab()
         if n_vocab is None:
             raise RefusedError("has no token embedding", gf.path)
-        return cls(Path(gf.path), dims, lay.n_trunk, int(n_vocab), float(gf.arch_get("attention.layer_norm_rms_epsilon")),
-                   n_rot, float(gf.arch_get("rope.freq_base", 10000.0)),
-                   1.0 / float(factor) if factor else 1.0, lay.nextn_layers == 1,
-                   "output.weight" not in gf.tensors)
+        return cls(
+            Path(gf.path),
+            dims,
+            lay.n_trunk,
+            int(n_vocab),
+            float(gf.arch_get("attention.layer_norm_rms_epsilon")),
+            n_rot,
+            float(gf.arch_get("rope.freq_base", 10000.0)),
+            1.0 / float(factor) if factor else 1.0,
+            lay.nextn_layers == 1,
+            gf.output_name == TOKEN_EMBD,
+        )
 
 
 class Trunk:
@@ -82,17 +80,17 @@ class Trunk:
         self.params = TrunkParams.from_gguf(self.gf)
 
     def tensor(self, name: str) -> np.ndarray:
-        return read_f32(self.gf, name)
+        return self.gf.read_f32(name)
 
     def embed(self) -> np.ndarray:
-        return self.tensor("token_embd.weight")
+        return self.tensor(TOKEN_EMBD)
 
     def output(self) -> np.ndarray:
         """The output matrix (V, E): `output.weight`, or the tied embedding."""
-        return self.tensor("output.weight" if "output.weight" in self.gf.tensors else "token_embd.weight")
+        return self.tensor(self.gf.output_name)
 
     def output_norm(self) -> np.ndarray:
-        return self.tensor("output_norm.weight")
+        return self.tensor(OUTPUT_NORM)
 
     def last_block(self) -> dict[str, np.ndarray]:
         """The trunk's last block as the head's short-named weights (same shapes as a head block)."""
@@ -117,8 +115,6 @@ def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool 
     `shared_expert`: train glm4moe's shared expert as the second half of a twice-as-wide MLP (it runs
     at decode time anyway; off by default: no gain measured yet, each step is slower); it starts at
     zero output (down projection zero). "slot" keeps whatever the slot has."""
-    from gguf_tools.glm4moe_head import SHEXP, random_weights
-
     p = trunk.params
     E = p.dims.n_embd
     if init == "slot":
@@ -146,4 +142,4 @@ def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool 
     return w
 
 
-__all__ = ["TrunkParams", "Trunk", "read_f32", "initial_weights", "ARCH"]
+__all__ = ["TrunkParams", "Trunk", "initial_weights", "ARCH"]

@@ -2,19 +2,24 @@
 
 Same prompts and greedy decoding for every row; every setting runs `repeats` times, repeat by
 repeat (measure.interleaved), and each row is the median repeat, with its ratio to plain decoding.
-"auto" is what `--spec-draft-n-max auto` does here (the tuned profile, else adaptive);
+"auto" is what the `auto` draft length does here (the tuned profile, else adaptive);
 adaptive rows get a fresh controller per repeat, so each repeat pays its own learning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
-from mtp_cli.adaptive import AdaptiveController, resolve
-from mtp_cli.measure import PROMPTS, RunResult, Setting, interleaved, run_setting
-from mtp_cli.runtime import GenConfig, GenStats, NoMtpHeadError, Runtime
+from mtp_cli.config import GenConfig
+from mtp_cli.errors import NoMtpHeadError
+from mtp_cli.runtime import Runtime
+from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
+from mtp_cli.speed.auto import AutoDraft
+from mtp_cli.speed.runs import PROMPTS, RunResult, Setting, interleaved, run_setting, setting_name
+from mtp_cli.stats import GenStats
 
 DEFAULT_NS = (1, 2, 3, 4)
 
@@ -27,8 +32,12 @@ class BenchRow:
     ratio: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "detail": self.detail, "ratio_vs_none": self.ratio,
-                **(self.result.to_dict() if self.result else {"skipped": True})}
+        return {
+            "name": self.name,
+            "detail": self.detail,
+            "ratio_vs_none": self.ratio,
+            **(self.result.to_dict() if self.result else {"skipped": True}),
+        }
 
 
 @dataclass
@@ -41,8 +50,14 @@ class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "threads": self.threads, "n_predict": self.n_predict, "repeats": self.repeats,
-                "prompts": self.prompts, "rows": [r.to_dict() for r in self.rows]}
+        return {
+            "model": self.model,
+            "threads": self.threads,
+            "n_predict": self.n_predict,
+            "repeats": self.repeats,
+            "prompts": self.prompts,
+            "rows": [r.to_dict() for r in self.rows],
+        }
 
 
 @dataclass
@@ -62,10 +77,20 @@ def _adaptive_detail(res: RunResult) -> str:
     return f"steps at {used}; {s['probes']} probes, {s.get('shadow_probes', 0)} shadow"
 
 
-def bench(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Optional[Sequence[str]] = None,
-          n_threads: Optional[int] = None, n_gpu_layers: int = -1, n_predict: int = 64, repeats: int = 3,
-          n_values: Sequence[int] = DEFAULT_NS, ngram: bool = True, n_ctx: int = 2048,
-          progress: Optional[Callable[[BenchEvent], None]] = None) -> BenchResult:
+def bench(
+    model: str | Path,
+    draft: Optional[str | Path] = None,
+    *,
+    prompts: Optional[Sequence[str]] = None,
+    n_threads: Optional[int] = None,
+    n_gpu_layers: int = -1,
+    n_predict: int = 64,
+    repeats: int = 3,
+    n_values: Sequence[int] = DEFAULT_NS,
+    ngram: bool = True,
+    n_ctx: int = 2048,
+    progress: Optional[Callable[[BenchEvent], None]] = None,
+) -> BenchResult:
     texts = list(prompts) if prompts is not None else list(PROMPTS)
     base = GenConfig(n_predict=n_predict, n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx)
     try:
@@ -82,24 +107,10 @@ def bench(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Opt
         settings: list[Setting] = [Setting("none", replace(base, spec_type="none"))]
         details: dict[str, str] = {"none": "plain decoding"}
         if ngram:
-            settings.append(Setting("ngram N=3", replace(base, spec_type="ngram", draft_n_max=3)))
-            details["ngram N=3"] = "prompt lookup"
+            settings.append(Setting(setting_name("ngram", 3), replace(base, spec_type="ngram", draft_n_max=3)))
+            details[settings[-1].name] = "prompt lookup"
         if has_head:
-            for n in n_values:
-                settings.append(Setting(f"mtp N={n}", replace(base, spec_type="mtp", draft_n_max=n)))
-                details[f"mtp N={n}"] = ""
-            auto = replace(base, spec_type="mtp", draft_n_max="auto")
-            r = resolve(rt, auto.validated(), AdaptiveController())
-            if r.mode == "profile":
-                p = r.profile
-                details["auto"] = f"profile: {p.setting}"
-                settings.append(Setting("auto", auto))
-            else:
-                details["auto"] = "no profile: adaptive"
-                settings.append(Setting("auto", auto, AdaptiveController))
-            settings.append(Setting("adaptive", replace(base, spec_type="mtp", draft_n_max="adaptive"),
-                                    AdaptiveController))
-            details["adaptive"] = ""
+            settings += _mtp_settings(rt, base, n_values, details)
         total = len(settings) * max(1, repeats)
         done = [0]
 
@@ -118,8 +129,24 @@ def bench(model: str | Path, draft: Optional[str | Path] = None, *, prompts: Opt
             det = "; ".join(x for x in (det, extra) if x)
             out.rows.append(BenchRow(s.name, det, res, res.tokens_per_second / none_tps if none_tps else None))
         if not has_head:
-            for name in [f"mtp N={n}" for n in n_values] + ["auto", "adaptive"]:
+            for name in [setting_name("mtp", n) for n in n_values] + ["auto", "adaptive"]:
                 out.rows.append(BenchRow(name, "no MTP head", None))
+    return out
+
+
+def _mtp_settings(rt: Runtime, base: GenConfig, n_values: Sequence[int], details: dict[str, str]) -> list[Setting]:
+    """mtp at each fixed N, auto (what the profile says, else adaptive) and adaptive."""
+    out = [Setting(setting_name("mtp", n), replace(base, spec_type="mtp", draft_n_max=n)) for n in n_values]
+    mtp = replace(base, spec_type="mtp")
+    r = AutoDraft(rt).resolve(mtp, "auto", AdaptiveController())
+    if r.mode == "profile" and r.profile is not None:
+        details["auto"] = f"profile: {r.profile.setting}"
+        out.append(Setting("auto", r.config))
+    else:
+        details["auto"] = "no profile: adaptive"
+        out.append(Setting("auto", replace(mtp, draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
+    out.append(Setting("adaptive", replace(mtp, draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
+    details["adaptive"] = ""
     return out
 
 

@@ -8,8 +8,9 @@ A profile is keyed by
 - the machine: CPU model, threads, backend (CPU build or GPU offload), -ngl (0 on CPU builds,
   where llama.cpp ignores it), llama.cpp's feature line and the llama-cpp-python version.
 
-The store is one JSON file, `profiles.json`, in the user config directory
-(`click.get_app_dir("mtp-cli")`; MTP_CLI_CONFIG_DIR overrides it), written atomically.
+The store is one JSON file, `profiles.json`, in the user config directory (platformdirs'
+user_config_dir("mtp-cli"): ~/.config/mtp-cli on Linux; MTP_CLI_CONFIG_DIR overrides it), written
+atomically.
 """
 
 from __future__ import annotations
@@ -19,23 +20,23 @@ import json
 import os
 import platform
 import struct
-import tempfile
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Optional
 
-from gguf_tools.errors import BadFileError
-from gguf_tools.gguf_file import ArrayValue, open_gguf
-from mtp_cli.runtime import ModelFileError, RuntimeConfigError
+import platformdirs
+
+from gguf_tools.atomic import write_text
+from gguf_tools.gguf_file import ArrayValue, GGUFFile
+from mtp_cli import llama_ext as lx
+from mtp_cli.errors import ModelFileError, ProfileError
+from mtp_cli.speed.runs import setting_name
 
 PROFILE_FILE = "profiles.json"
 PROFILE_VERSION = 1
 SAMPLE_BYTES = 64  # from each end of each tensor's data
 ENV_CONFIG_DIR = "MTP_CLI_CONFIG_DIR"
-
-
-class ProfileError(RuntimeConfigError):
-    """The profile store cannot be read or written."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,13 +52,9 @@ def _value_repr(v: Any) -> str:
     return repr(v)
 
 
-def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """{"key", "arch", "name", "file_bytes", "tensors"} of a GGUF, from its header and tensor table
-    plus 2 x SAMPLE_BYTES of each tensor's data (never the whole file)."""
-    try:
-        gf = open_gguf(path)
-    except BadFileError as e:
-        raise ModelFileError(str(e)) from None
+def model_identity(gf: GGUFFile) -> dict[str, Any]:
+    """{"key", "arch", "name", "file_bytes", "tensors", "path"} of an opened GGUF, from its header and
+    tensor table plus 2 x SAMPLE_BYTES of each tensor's data (never the whole file)."""
     h = hashlib.sha256()
     h.update(f"arch={gf.arch}\n".encode())
     for k in sorted(gf.scan.values):
@@ -75,8 +72,14 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
                     h.update(f.read(n))
     except OSError as e:
         raise ModelFileError(f"{gf.path}: cannot read: {e.strerror or e}") from None
-    return {"key": h.hexdigest()[:32], "arch": gf.arch, "name": gf.get("general.name") or "",
-            "file_bytes": gf.size, "tensors": len(gf.scan.tensors), "path": str(Path(path).resolve())}
+    return {
+        "key": h.hexdigest()[:32],
+        "arch": gf.arch,
+        "name": gf.get("general.name") or "",
+        "file_bytes": gf.size,
+        "tensors": len(gf.scan.tensors),
+        "path": str(gf.path.resolve()),
+    }
 
 
 def cpu_model() -> str:
@@ -91,13 +94,9 @@ def cpu_model() -> str:
 
 
 def machine_identity(n_threads: Optional[int] = None, n_gpu_layers: int = -1) -> dict[str, Any]:
-    from mtp_cli import llama_ext as lx
-
     try:
-        from importlib.metadata import version
-
         llama_version = version("llama-cpp-python")
-    except Exception:  # pragma: no cover
+    except PackageNotFoundError:  # pragma: no cover
         llama_version = "unknown"
     gpu = lx.supports_gpu_offload()
     return {
@@ -112,8 +111,9 @@ def machine_identity(n_threads: Optional[int] = None, n_gpu_layers: int = -1) ->
 
 
 def profile_key(model: dict[str, Any], draft: Optional[dict[str, Any]], machine: dict[str, Any]) -> str:
-    blob = json.dumps({"model": model["key"], "draft": draft["key"] if draft else None, "machine": machine},
-                      sort_keys=True)
+    blob = json.dumps(
+        {"model": model["key"], "draft": draft["key"] if draft else None, "machine": machine}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -140,28 +140,22 @@ class Profile:
 
     @property
     def setting(self) -> str:
-        return "off" if self.spec_type == "none" else _setting_name(self.draft_n_max, self.draft_p_min)
+        return setting_name(self.spec_type, self.draft_n_max, self.draft_p_min)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _setting_name(n: int, p_min: float) -> str:
-    return f"mtp N={n}" + (f" p>={p_min:g}" if p_min > 0 else "")
 
 
 def config_dir() -> Path:
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
         return Path(env)
-    import click  # only for its platform rules (XDG_CONFIG_HOME, ~/Library/Application Support, %APPDATA%)
-
-    return Path(click.get_app_dir("mtp-cli"))
+    return Path(platformdirs.user_config_dir("mtp-cli", appauthor=False, roaming=True))
 
 
 def store_path(directory: Optional[Path] = None) -> Path:
@@ -204,14 +198,7 @@ def save(profile: Profile, directory: Optional[Path] = None) -> Path:
     profiles[profile.key] = profile.to_dict()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".profiles.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"version": PROFILE_VERSION, "profiles": profiles}, f, indent=1, sort_keys=True)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text(p, json.dumps({"version": PROFILE_VERSION, "profiles": profiles}, indent=1, sort_keys=True))
     except OSError as e:
         raise ProfileError(f"{p}: cannot write the profile store: {e.strerror or e}") from None
     return p
@@ -230,11 +217,28 @@ class Identity:
         return profile_key(self.model, self.draft, self.machine)
 
 
-def identify(model_path: str | os.PathLike[str], draft_path: Optional[str | os.PathLike[str]] = None, *,
-             n_threads: Optional[int] = None, n_gpu_layers: int = -1) -> Identity:
-    return Identity(model_identity(model_path), model_identity(draft_path) if draft_path else None,
-                    machine_identity(n_threads, n_gpu_layers))
+def identify(
+    model: GGUFFile, draft: Optional[GGUFFile] = None, *, n_threads: Optional[int] = None, n_gpu_layers: int = -1
+) -> Identity:
+    return Identity(
+        model_identity(model),
+        model_identity(draft) if draft is not None else None,
+        machine_identity(n_threads, n_gpu_layers),
+    )
 
 
-__all__ = ["Profile", "ProfileError", "Identity", "identify", "model_identity", "machine_identity", "profile_key",
-           "config_dir", "store_path", "load_all", "find", "save", "cpu_model"]
+__all__ = [
+    "Profile",
+    "ProfileError",
+    "Identity",
+    "identify",
+    "model_identity",
+    "machine_identity",
+    "profile_key",
+    "config_dir",
+    "store_path",
+    "load_all",
+    "find",
+    "save",
+    "cpu_model",
+]

@@ -1,6 +1,6 @@
 """Regenerate stdlib_docs.txt: English prose from CPython standard-library docstrings.
 
-    python mtp_cli/train/prompts/build_text.py > mtp_cli/train/prompts/stdlib_docs.txt
+    python scripts/build_text.py > mtp_cli/train/prompts/stdlib_docs.txt
 
 Source: the docstrings of the modules, classes and functions below, as shipped with CPython
 (Python Software Foundation License 2.0; copyright the Python Software Foundation). Only
@@ -13,12 +13,63 @@ from __future__ import annotations
 import importlib
 import inspect
 
-MODULES = ("argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "csv", "dataclasses",
-           "datetime", "decimal", "difflib", "email", "enum", "fractions", "functools", "gzip", "hashlib", "heapq",
-           "html", "http.client", "inspect", "io", "itertools", "json", "logging", "math", "mimetypes", "os",
-           "pathlib", "pickle", "pprint", "queue", "random", "re", "shutil", "socket", "sqlite3", "statistics",
-           "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "typing",
-           "unittest", "urllib.parse", "uuid", "warnings", "weakref", "zipfile", "zlib")
+MODULES = (
+    "argparse",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "enum",
+    "fractions",
+    "functools",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "html",
+    "http.client",
+    "inspect",
+    "io",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "mimetypes",
+    "os",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "time",
+    "timeit",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "weakref",
+    "zipfile",
+    "zlib",
+)
 MIN_CHARS, MAX_TOTAL = 300, 150_000
 
 
@@ -32,8 +83,11 @@ def docs() -> list[str]:
             continue
         objs = [mod] + [getattr(mod, a) for a in sorted(dir(mod)) if not a.startswith("_")]
         for obj in objs:
-            d = inspect.getdoc(obj) if (inspect.ismodule(obj) and obj is mod) or inspect.isclass(obj) \
-                or inspect.isfunction(obj) else None
+            d = (
+                inspect.getdoc(obj)
+                if (inspect.ismodule(obj) and obj is mod) or inspect.isclass(obj) or inspect.isfunction(obj)
+                else None
+            )
             if not d or len(d) < MIN_CHARS or d in seen:
                 continue
             seen.add(d)

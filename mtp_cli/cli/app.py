@@ -1,0 +1,63 @@
+"""The `mtp-cli` group, and the one place library errors become one line and exit code 2."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+from rich.logging import RichHandler
+
+from gguf_tools.errors import GGUFToolError
+from mtp_cli import __version__
+from mtp_cli.cli.render import err, one_line_error
+from mtp_cli.errors import MtpError
+
+
+class UserError(click.ClickException):
+    """Bad input or a refused operation: one line, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        one_line_error(self.format_message())
+
+
+class MtpCommand(click.Command):
+    """A command whose library errors become one line naming this command's own flags, exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (GGUFToolError, MtpError) as e:
+            raise UserError(e.spelled(self.flag_of)) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            sys.exit(130)
+
+    def flag_of(self, name: str) -> str:
+        """How this command spells the setting `name` (its option's first flag), else the bare name."""
+        for p in self.params:
+            if p.name == name and isinstance(p, click.Option):
+                return p.opts[0]
+        return name
+
+
+class MtpGroup(click.Group):
+    command_class = MtpCommand
+
+
+@click.group(cls=MtpGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
+def main(verbose: bool) -> None:
+    """Multi-token prediction for local GGUF models."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_time=False, show_path=False)],
+    )
+
+
+__all__ = ["main", "UserError", "MtpCommand"]

@@ -1,0 +1,98 @@
+"""GGUF commands: inspect, pack, strip, extract, adopt (gguf_tools only: they never load llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from gguf_tools import ops
+from gguf_tools.names import ADOPTABLE_ARCHS, HEAD_TYPES
+from gguf_tools.report import inspect_file
+from gguf_tools.surgery import PackOptions
+from mtp_cli.cli import options as opt
+from mtp_cli.cli import render
+from mtp_cli.cli.app import main
+
+
+@main.command()
+@click.argument("file", type=opt.PATH)
+@opt.as_json
+def inspect(file: Path, as_json: bool) -> None:
+    """Architecture, trunk/head layout, head tensors and MTP readiness of a GGUF."""
+    rep = inspect_file(file)
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(), indent=2))
+        return
+    render.inspect_report(rep)
+
+
+@main.command()
+@click.argument("trunk", type=opt.PATH)
+@click.option(
+    "--heads",
+    "heads",
+    required=True,
+    type=opt.PATH,
+    help="MTP sidecar GGUF, donor GGUF (trunk+head), or HF safetensors (file or folder).",
+)
+@opt.output
+@click.option(
+    "--head-type",
+    type=click.Choice(["keep", *HEAD_TYPES]),
+    default="keep",
+    show_default=True,
+    help="Convert float head tensors (norms stay F32, quantized tensors are kept).",
+)
+@click.option("--replace", is_flag=True, help="Swap out a head the trunk already has.")
+@click.option("--force", is_flag=True, help="Graft even if the vocabularies differ.")
+def pack(trunk: Path, heads: Path, out: Path, overwrite: bool, head_type: str, replace: bool, force: bool) -> None:
+    """Graft MTP head tensors into TRUNK, leaving every trunk byte as it was."""
+    with render.byte_progress("packing") as cb:
+        res = ops.pack(trunk, heads, out, PackOptions(head_type, replace, force), overwrite, cb)
+    render.written(res)
+
+
+@main.command()
+@click.argument("file", type=opt.PATH)
+@opt.output
+def strip(file: Path, out: Path, overwrite: bool) -> None:
+    """Drop the MTP head: a trunk-only GGUF."""
+    with render.byte_progress("stripping") as cb:
+        res = ops.strip(file, out, overwrite, cb)
+    render.written(res)
+
+
+@main.command()
+@click.argument("file", type=opt.PATH)
+@opt.output
+@click.option(
+    "--head-only",
+    is_flag=True,
+    help="Only the head blocks: a small file for `pack`, without the embedding and output llama.cpp's -md needs.",
+)
+def extract(file: Path, out: Path, overwrite: bool, head_only: bool) -> None:
+    """Write the MTP head alone, as a sidecar llama.cpp loads with -md."""
+    with render.byte_progress("extracting") as cb:
+        res = ops.extract(file, out, overwrite, cb, head_only)
+    render.written(res)
+
+
+@main.command(
+    help=f"""Re-express a {" / ".join(ADOPTABLE_ARCHS)} GGUF exactly as glm4moe, an architecture
+    llama.cpp runs MTP for.
+
+    Every trunk byte is kept except llama's Q/K rows, which move whole (nothing is requantized)."""
+)
+@click.argument("file", type=opt.PATH)
+@opt.output
+@click.option(
+    "--with-head-slot",
+    is_flag=True,
+    help="Also append a randomly initialised MTP head block (to train, or to test the MTP path).",
+)
+def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
+    with render.byte_progress("adopting") as cb:
+        res = ops.adopt(file, out, with_head_slot, overwrite, cb)
+    render.written(res)

@@ -1,0 +1,197 @@
+"""`mtp-cli generate`: decode with a drafter, verifying in batches; llama.cpp's flag spellings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from gguf_tools.errors import spelled
+from mtp_cli.cli import options as opt
+from mtp_cli.cli import render
+from mtp_cli.cli.app import MtpCommand, UserError, main
+from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
+
+
+class SpecTypeParam(click.ParamType):
+    """--spec-type: a spec type of the drafter registry (read when parsing, so help stays light)."""
+
+    name = "spec type"
+
+    def _names(self) -> list[str]:
+        from mtp_cli import drafters
+
+        return drafters.names()
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(self._names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        v = str(value).strip().lower()
+        if v not in self._names():
+            self.fail(f"{value!r} is not one of {', '.join(self._names())}", param, ctx)
+        return v
+
+
+class DraftNParam(click.ParamType):
+    """--spec-draft-n-max: a number, "auto" (the tuned profile) or "adaptive" (checked by the
+    library: speed.auto.parse_draft_n, whose refusal names the flag in one line)."""
+
+    name = "N|auto|adaptive"
+
+
+class SpecTypeOption(click.Option):
+    """--spec-type, whose help lists the registry's drafters (built when help is shown)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from mtp_cli import drafters
+
+        cmd = ctx.command
+        spell = cmd.flag_of if isinstance(cmd, MtpCommand) else (lambda name: name)
+        kinds = "; ".join(
+            f"{c.name}{' (' + ', '.join(c.aliases) + ')' if c.aliases else ''}: {spelled(c.summary, spell)}"
+            for c in drafters.REGISTRY.values()
+        )
+        self.help = f"Drafter. {kinds}. [default: none; mtp with --spec-draft-n-max auto/adaptive]"
+        return super().get_help_record(ctx)
+
+
+@main.command()
+@opt.model(
+    required=False,
+    help="Target GGUF [default: the demo model, SmolLM2-135M-Instruct with the MTP head "
+    "mtp-cli trained for it, built once into the user cache; with the chat template, and --temp 0, "
+    "--spec-type mtp, --spec-draft-n-max auto and a sample prompt unless given].",
+)
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=opt.PATH, help="Read the prompt from a file.")
+@click.option(
+    "-n", "--n-predict", "n_predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text)."
+)
+@click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context size (0: the model's).")
+@opt.threads
+@opt.gpu_layers
+@opt.seed
+@click.option("--temp", default=0.8, show_default=True, help="Temperature (0: greedy).")
+@click.option("--top-k", "top_k", default=40, show_default=True)
+@click.option("--top-p", "top_p", default=0.95, show_default=True)
+@click.option("--min-p", "min_p", default=0.05, show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
+@click.option("--spec-type", "spec_type", cls=SpecTypeOption, type=SpecTypeParam(), default=None)
+@click.option(
+    "--spec-draft-n-max",
+    "draft_n_max",
+    type=DraftNParam(),
+    default=3,
+    show_default=True,
+    help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
+    "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
+    "and costs.",
+)
+@click.option(
+    "--spec-draft-n-min", "draft_n_min", default=0, show_default=True, help="Drafts shorter than this are not verified."
+)
+@click.option(
+    "--spec-draft-p-min", "draft_p_min", default=0.0, show_default=True, help="Stop drafting below this probability."
+)
+@click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the text and statistics as one JSON object.")
+def generate(
+    model: Path | None,
+    prompt: str | None,
+    prompt_file: Path | None,
+    chat: bool,
+    show_draft: bool,
+    as_json: bool,
+    **opts: Any,
+) -> None:
+    """Generate text, drafting with an MTP head (or a draft model, or n-grams) and verifying in batches."""
+    from mtp_cli.chat import chat_prompt
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.speed.auto import AutoDraft, parse_draft_n
+
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt with -p or -f, not both")
+    if model is None:
+        model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
+    text = _read_prompt(prompt, prompt_file)
+    draft_n = parse_draft_n(opts["draft_n_max"])
+    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
+    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
+    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved below)
+    base = GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts})
+    with Runtime.load(model, base) as rt:
+        res = AutoDraft(rt).resolve(base, draft_n)
+        if chat:
+            text = chat_prompt(rt.file, text, *rt.special_texts())
+        gen = rt.generate(rt.tokenize(text, add_special=True, parse_special=chat), res.config, policy=res.policy)
+        if res.note:
+            render.note(f"note: {res.note}")
+        pieces = _stream(gen, as_json, show_draft)
+        stats = rt.stats
+    if as_json:
+        doc: dict[str, Any] = {"prompt": text, "text": "".join(pieces), "stats": stats.to_dict() if stats else None}
+        if res.policy is not None:
+            doc["adaptive"] = res.policy.summary()
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo("")
+    render.gen_stats(stats)
+    if res.policy is not None:
+        render.note(res.policy.describe())
+
+
+def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
+    """The generated pieces, echoed as they come unless as_json; Ctrl-C stops cleanly (still reported)."""
+    pieces: list[str] = []
+    try:
+        for ev in gen:
+            pieces.append(ev.text)
+            if not as_json:
+                styled = click.style(ev.text, fg="green") if show_draft and ev.source == "draft" else ev.text
+                click.echo(styled, nl=False, color=True if show_draft else None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gen.close()
+    return pieces
+
+
+def _demo_defaults(opts: dict[str, Any], prompt: str | None, prompt_file: Path | None) -> tuple[Path, bool, str | None]:
+    """The demo model (built on first use) and its defaults for every option not given on the command line."""
+    from mtp_cli.demo import DEMO_PROMPT, demo_model, demo_path
+
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE  # noqa: E731
+    if demo_path().is_file():
+        path = demo_model()
+    else:
+        with render.byte_progress("building the demo model (once)") as cb:
+            path = demo_model(cb)
+    if not given("spec_type"):
+        opts["spec_type"] = "mtp"
+    if not given("draft_n_max") and opts["spec_type"] == "mtp":
+        opts["draft_n_max"] = "auto"
+    if not given("temp"):
+        opts["temp"] = 0.0
+    if prompt is None and prompt_file is None:
+        prompt = DEMO_PROMPT
+        render.note(f"prompt: {prompt}")
+    render.note(f"demo model: {path}")
+    return path, True, prompt
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if prompt_file is not None:
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{prompt_file}: cannot read the prompt: {getattr(e, 'strerror', None) or e}") from None
+    if prompt is None:
+        raise click.UsageError("give a prompt with -p TEXT or -f FILE")
+    return prompt

@@ -1,0 +1,76 @@
+"""GenConfig: everything one generation needs. Defaults follow llama.cpp's where it has one.
+
+The spec type is checked, and its aliases resolved, by the drafter registry (mtp_cli.drafters),
+which also checks the settings only one drafter reads; `validated` checks the rest. The draft
+length is a number here: "auto" and "adaptive" are resolved above the runtime (mtp_cli.speed.auto)
+into a number and a DraftPolicy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mtp_cli.errors import ConfigError
+
+DRAFT_N_MAX_LIMIT = 32  # the most tokens one step may draft
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    n_predict: int = -1  # tokens to generate; -1 = until EOG or the context is full
+    n_ctx: int = 4096  # 0 = the model's training context
+    n_batch: int = 512  # prompt chunk size
+    n_threads: Optional[int] = None  # None = min(cpu count, 4)
+    n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
+    spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)
+    draft_model: Optional[str] = None  # draft GGUF or MTP sidecar; read by Runtime.load only
+    draft_n_max: int = 3  # most tokens drafted per step
+    draft_n_min: int = 0  # drafts shorter than this are discarded
+    draft_p_min: float = 0.0  # stop drafting below this top probability
+    ngram_min: int = 2  # prompt lookup: shortest n-gram to match
+    ngram_max: int = 4  # prompt lookup: longest n-gram to match
+    temp: float = 0.8  # <= 0 is greedy
+    top_k: int = 40  # 0 = off
+    top_p: float = 0.95  # 1 = off
+    min_p: float = 0.05  # 0 = off
+    seed: int = -1  # -1 = random
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    def validated(self) -> GenConfig:
+        """Self, if every value is in range; raises ConfigError naming the first that is not."""
+        _at_least(self.n_predict, -1, "n_predict")
+        _at_least(self.n_ctx, 0, "n_ctx")
+        _at_least(self.n_batch, 1, "n_batch")
+        if self.n_threads is not None:
+            _at_least(self.n_threads, 1, "n_threads")
+        if self.spec_type != "none":
+            if not isinstance(self.draft_n_max, int) or not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
+                raise ConfigError(f"`draft_n_max` must be in 1..{DRAFT_N_MAX_LIMIT}, got {self.draft_n_max!r}")
+            if not 0 <= self.draft_n_min <= self.draft_n_max:
+                raise ConfigError(
+                    f"`draft_n_min` must be in 0..{self.draft_n_max} (`draft_n_max`), got {self.draft_n_min}"
+                )
+            _in_unit(self.draft_p_min, "draft_p_min")
+        if not self.greedy:
+            _at_least(self.top_k, 0, "top_k")
+            if not 0.0 < self.top_p <= 1.0:
+                raise ConfigError(f"`top_p` must be in (0, 1], got {self.top_p}")
+            _in_unit(self.min_p, "min_p")
+        return self
+
+
+def _at_least(value: int, low: int, name: str) -> None:
+    if value < low:
+        raise ConfigError(f"`{name}` must be >= {low}, got {value}")
+
+
+def _in_unit(value: float, name: str) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"`{name}` must be in [0, 1], got {value}")
+
+
+__all__ = ["GenConfig", "DRAFT_N_MAX_LIMIT"]

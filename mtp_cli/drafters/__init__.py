@@ -1,0 +1,59 @@
+"""The drafter registry: every spec type, found as the Drafter subclasses of this package's modules.
+
+    cls = drafters.get("draft-mtp")          # MtpDrafter (aliases resolve)
+    cfg = drafters.validated(cfg)            # canonical spec type; the drafter's and the config's checks
+
+The runtime's loading and checks, the CLI's choices and its help all come from here; a new spec
+type is one new module beside these.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import replace
+
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters.base import ContextPlan, Drafter, Loader, Models
+from mtp_cli.errors import ConfigError
+
+
+def _discover() -> dict[str, type[Drafter]]:
+    for m in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{m.name}")
+    found: dict[str, type[Drafter]] = {}
+    todo = list(Drafter.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.name and cls.__module__.startswith(__name__ + "."):
+            found[cls.name] = cls
+    return dict(sorted(found.items(), key=lambda kv: kv[1].order))
+
+
+REGISTRY = _discover()
+_BY_NAME = {n: cls for cls in REGISTRY.values() for n in (cls.name, *cls.aliases)}
+
+
+def get(name: str) -> type[Drafter]:
+    """The drafter class of a spec type or alias; ConfigError for an unknown one."""
+    cls = _BY_NAME.get(str(name).strip().lower())
+    if cls is None:
+        raise ConfigError(f"unknown spec type {name!r}; use one of: {', '.join(REGISTRY)}")
+    return cls
+
+
+def names() -> list[str]:
+    """Every spec type and alias, as a command line accepts them."""
+    return list(_BY_NAME)
+
+
+def validated(cfg: GenConfig) -> GenConfig:
+    """cfg with its spec type canonical, checked by its drafter and by GenConfig.validated."""
+    cls = get(cfg.spec_type)
+    cfg = replace(cfg, spec_type=cls.name) if cfg.spec_type != cls.name else cfg
+    cls.check_config(cfg)
+    return cfg.validated()
+
+
+__all__ = ["REGISTRY", "get", "names", "validated", "Drafter", "Models", "ContextPlan", "Loader"]

@@ -1,0 +1,162 @@
+"""The Drafter interface: where the draft tokens of one speculative step come from.
+
+A drafter class declares its spec type (`name`, `aliases`, a one-line `summary`), what must be
+loaded for it (`draft_file`: whether `-md` is none of its business, optional or required; the
+class hooks check the files and load the model it drafts with) and builds itself from the config
+(`create`). The registry (mtp_cli.drafters) finds every Drafter subclass in this package: a new
+spec type is one new module.
+
+The verify loop (mtp_cli.loop) drives an instance:
+
+    configure(cfg)                    per generation: the settings it reads (p_min, n-gram sizes)
+    begin(prompt)                     a new generation: reset state, clear own context(s)
+    on_prefill(tokens, pos0)          the target just decoded a prompt chunk at pos0..
+    draft(id_last, pos, n_max)        up to n_max tokens to follow id_last (which sits at `pos`
+                                      and is not yet in the target's memory); n_max may be 0
+    accept(n_accepted, drafts)        the target kept drafts[:n_accepted] (+ its own token,
+                                      which comes back as the next id_last); roll back the rest
+    restart(pos)                      (drafters with can_sleep) resume after the loop skipped
+                                      draft()/accept() for some steps (a policy switched drafting
+                                      off); the target holds 0..pos-1 and its last decode was one
+                                      plain token at pos-1
+
+Positions: the target holds 0..pos-1 when draft() is called; id_last is at pos, draft i (0-based)
+at pos+1+i.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
+
+import numpy as np
+
+from gguf_tools.gguf_file import GGUFFile
+from mtp_cli import llama_ext as lx
+from mtp_cli.config import GenConfig
+from mtp_cli.errors import VocabMismatchError
+
+_now = time.perf_counter
+
+# (file, role, load_mtp) -> the loaded model, owned and freed by the runtime; failures are
+# ModelFileErrors that name the file's role
+Loader = Callable[[GGUFFile, str, bool], lx.ModelPtr]
+
+
+@dataclass
+class Models:
+    """What a runtime loaded: the target, and the model its drafter drafts with (None: no model;
+    the target itself for its own MTP head), with the files they came from."""
+
+    target: lx.ModelPtr
+    target_file: GGUFFile
+    drafting: Optional[lx.ModelPtr] = None
+    draft_file: Optional[GGUFFile] = None  # the `draft_model` file (-md), when one was given
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """Where a drafter lives: the target context it pairs with and the sizes to create its own with."""
+
+    target: lx.ContextPtr
+    n_ctx: int
+    n_batch: int
+    n_threads: Optional[int]
+
+
+class Drafter:
+    """Base: never drafts. Subclasses override what they need."""
+
+    name: ClassVar[str] = ""  # the spec type; "" for this base
+    aliases: ClassVar[tuple[str, ...]] = ()
+    summary: ClassVar[str] = ""
+    order: ClassVar[int] = 100  # place in the CLI's list
+    draft_file: ClassVar[Literal["none", "optional", "required"]] = "none"
+    drafts_with_model: ClassVar[bool] = False  # it needs a model loaded for it (load_draft)
+    target_h: ClassVar[bool] = False  # the target must compute its h rows (nextn embeddings) for it
+    #: True if steps may be skipped (restart() resumes): MTP heads, whose input is mostly the
+    #: target's h row; not n-gram or draft-model drafters, which need every token of the history
+    can_sleep: ClassVar[bool] = False
+
+    #: a hard cap on the draft length from the drafter itself (chained heads: one per head)
+    n_max_limit: Optional[int] = None
+    #: positions its own context holds (None: it has none)
+    n_ctx: Optional[int] = None
+
+    def __init__(self) -> None:
+        self.t_decode = 0.0  # seconds inside llama_decode (draft context)
+        self.n_decode = 0  # llama_decode calls on the draft context
+
+    # -- the spec: checks and loading (class hooks; the runtime calls them before creating one) ----
+
+    @classmethod
+    def check_config(cls, cfg: GenConfig) -> None:
+        """Refuse settings this drafter cannot use (ConfigError)."""
+
+    @classmethod
+    def check_files(cls, target: GGUFFile, draft: Optional[GGUFFile]) -> None:
+        """Refuse files this drafter cannot use, before llama.cpp loads any (typed MtpErrors)."""
+
+    @classmethod
+    def target_loads_head(cls, draft: Optional[GGUFFile]) -> bool:
+        """Whether the target must be loaded with its MTP head blocks (load_mtp)."""
+        return False
+
+    @classmethod
+    def load_draft(cls, models: Models, load: Loader) -> None:
+        """Load what it drafts with into models.drafting (after the target; `load` checks files)."""
+
+    @classmethod
+    def create(cls, models: Models, plan: ContextPlan) -> Drafter:
+        return cls()
+
+    # -- per generation ----------------------------------------------------------------------
+
+    def configure(self, cfg: GenConfig) -> None:
+        pass
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
+        pass
+
+    def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+        return []
+
+    def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
+        pass
+
+    def restart(self, pos: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _decode(self, ctx: lx.ContextPtr, batch: lx.Batch) -> None:
+        t = _now()
+        lx.decode(ctx, batch)
+        self.t_decode += _now() - t
+        self.n_decode += 1
+
+
+def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFFile, draft_file: GGUFFile) -> None:
+    """The rule llama.cpp applies to draft models (common_speculative_are_compatible): same
+    vocabulary type and special tokens, sizes within 128 (padding), identical shared entries."""
+    what = f"{draft_file.path.name} has another vocabulary than {target_file.path.name}"
+    if lx.vocab_type(target) != lx.vocab_type(draft):
+        raise VocabMismatchError(f"{what} (tokenizer type {lx.vocab_type(draft)} vs {lx.vocab_type(target)})")
+    nt, nd = lx.n_vocab(target), lx.n_vocab(draft)
+    if abs(nt - nd) > 128:
+        raise VocabMismatchError(f"{what} (n_vocab {nd} vs {nt})")
+    if lx.vocab_special(target) != lx.vocab_special(draft):
+        raise VocabMismatchError(f"{what} (BOS/EOS {lx.vocab_special(draft)} vs {lx.vocab_special(target)})")
+    for i in range(min(nt, nd)):
+        a, b = lx.token_text(target, i), lx.token_text(draft, i)
+        if a != b:
+            raise VocabMismatchError(f"{what} (token {i}: {b!r} vs {a!r})")
+
+
+__all__ = ["Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]

@@ -1,0 +1,132 @@
+"""The one wrapper around llama.cpp (llama-cpp-python 0.3.36): thin, typed functions over its C API.
+
+Nothing else in mtp_cli imports llama_cpp's bindings; `staging` is the only module that imports the
+unstable `llama_cpp.llama_cpp_ext` (nextn embeddings, nextn layer offset, ctx_other).
+
+MTP call sequence (what llama.cpp's common_speculative_impl_draft_mtp does):
+
+    tgt_model = load_model(path, load_mtp=True)              # full model: trunk + head
+    tgt = create_context(tgt_model, n_rs_seq=N)               # N >= draft length for hybrid archs
+    dft = create_context(tgt_model, ctx_type=CTX_TYPE_MTP, ctx_other=tgt, n_rs_seq=0)
+    #  (or a separate MTP-only sidecar: dft_model = load_model(sidecar, load_mtp=True);
+    #   create_context(dft_model, ctx_type=CTX_TYPE_MTP, ...); the target model then needs no heads)
+    set_embeddings_nextn(tgt, True, False)    # target: one h row per batch token
+    set_embeddings_nextn(dft, True, True)     # draft: h rows for output rows only (use _ith)
+    decode(tgt, prompt batch)  -> h = get_embeddings_nextn(tgt, n_prompt)
+    MTP input at position p = token x_p with the target's h row of position p-1;
+    the first position pairs with a zero / pending row.
+"""
+
+from mtp_cli.errors import LlamaError
+from mtp_cli.llama_ext.decode import (
+    STATE_PARTIAL_ONLY,
+    Batch,
+    SeqCheckpoint,
+    decode,
+    logits_ith,
+    logits_rows,
+    memory_clear,
+    memory_seq_rm,
+)
+from mtp_cli.llama_ext.models import (
+    CTX_TYPE_MTP,
+    CTX_TYPE_TARGET,
+    ContextPtr,
+    ModelInfo,
+    ModelPtr,
+    addr,
+    context_model,
+    create_context,
+    default_threads,
+    free_context,
+    free_model,
+    init_backend,
+    load_model,
+    model_has_recurrent_state,
+    model_info,
+    model_n_ctx_train,
+    n_batch,
+    n_ctx,
+    n_embd_out,
+    n_layer_nextn,
+    n_rs_seq,
+    n_vocab,
+    quiet_logs,
+    supports_gpu_offload,
+    system_info,
+)
+from mtp_cli.llama_ext.staging import (
+    get_ctx_other,
+    get_embeddings_nextn,
+    get_embeddings_nextn_ith,
+    set_embeddings_nextn,
+    set_nextn_layer_offset,
+)
+from mtp_cli.llama_ext.vocab import (
+    DEFAULT_SEED,
+    PieceDecoder,
+    SamplerPtr,
+    detokenize,
+    is_eog,
+    sampler_chain,
+    sampler_free,
+    sampler_sample,
+    token_text,
+    tokenize,
+    vocab_special,
+    vocab_type,
+)
+
+__all__ = [
+    "LlamaError",
+    "STATE_PARTIAL_ONLY",
+    "Batch",
+    "SeqCheckpoint",
+    "decode",
+    "logits_ith",
+    "logits_rows",
+    "memory_clear",
+    "memory_seq_rm",
+    "CTX_TYPE_MTP",
+    "CTX_TYPE_TARGET",
+    "ContextPtr",
+    "ModelInfo",
+    "ModelPtr",
+    "addr",
+    "context_model",
+    "create_context",
+    "default_threads",
+    "free_context",
+    "free_model",
+    "init_backend",
+    "load_model",
+    "model_has_recurrent_state",
+    "model_info",
+    "model_n_ctx_train",
+    "n_batch",
+    "n_ctx",
+    "n_embd_out",
+    "n_layer_nextn",
+    "n_rs_seq",
+    "n_vocab",
+    "quiet_logs",
+    "supports_gpu_offload",
+    "system_info",
+    "get_ctx_other",
+    "get_embeddings_nextn",
+    "get_embeddings_nextn_ith",
+    "set_embeddings_nextn",
+    "set_nextn_layer_offset",
+    "DEFAULT_SEED",
+    "PieceDecoder",
+    "SamplerPtr",
+    "detokenize",
+    "is_eog",
+    "sampler_chain",
+    "sampler_free",
+    "sampler_sample",
+    "token_text",
+    "tokenize",
+    "vocab_special",
+    "vocab_type",
+]

@@ -1,0 +1,230 @@
+"""Models and contexts: loading, creating, freeing, and what a loaded model says about itself.
+
+llama.cpp aborts the process (GGML_ASSERT) or crashes on some requests a Python caller can make by
+mistake; each function here refuses those first, with a LlamaError.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from llama_cpp import llama_cpp as _C
+
+from gguf_tools.gguf_file import GGUFFile, open_gguf
+from mtp_cli.errors import LlamaError
+
+CTX_TYPE_TARGET: int = int(_C.LLAMA_CONTEXT_TYPE_DEFAULT)
+CTX_TYPE_MTP: int = int(_C.LLAMA_CONTEXT_TYPE_MTP)
+
+ModelPtr = Any  # llama_cpp.llama_model_p (a ctypes void pointer)
+ContextPtr = Any  # llama_cpp.llama_context_p
+
+_HAS_N_RS_SEQ = any(f[0] == "n_rs_seq" for f in _C.llama_context_params._fields_)
+_HAS_N_OUTPUTS_MAX = any(f[0] == "n_outputs_max" for f in _C.llama_context_params._fields_)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What llama.cpp cannot tell us about a loaded model but we must know to avoid its aborts."""
+
+    path: Path
+    load_mtp: bool
+    n_nextn: int  # {arch}.nextn_predict_layers
+    mtp_only: bool  # an MTP-only sidecar: heads (+ shared embeddings/norm/output), no trunk
+
+
+_models: dict[int, ModelInfo] = {}
+
+
+def model_info(model: ModelPtr) -> Optional[ModelInfo]:
+    """The ModelInfo recorded by load_model (None for a model loaded elsewhere)."""
+    return _models.get(addr(model))
+
+
+def addr(ptr: Any) -> int:
+    return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
+
+
+_backend_ready = False
+_log_cb: Any = None  # keep the ctypes callback alive
+
+
+def init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        _C.llama_backend_init()
+        _backend_ready = True
+
+
+def quiet_logs(quiet: bool = True) -> None:
+    """Silence llama.cpp's logging (quiet=True) or restore its default stderr logger."""
+    global _log_cb
+    if quiet:
+
+        @_C.llama_log_callback
+        def _drop(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover
+            return None
+
+        _log_cb = _drop
+        _C.llama_log_set(_log_cb, ctypes.c_void_p(0))
+    else:
+        _log_cb = None
+        _C.llama_log_set(_C.llama_log_callback(), ctypes.c_void_p(0))
+
+
+def load_model(
+    file: str | os.PathLike[str] | GGUFFile, *, load_mtp: bool = False, n_gpu_layers: int = 0, use_mmap: bool = True
+) -> ModelPtr:
+    """Load a GGUF (a path, or the GGUFFile the caller already opened: its header is not read again).
+    `load_mtp=True` also loads the MTP head blocks (needed for an MTP context, and for an MTP-only
+    sidecar, whose heads are all it has). Raises LlamaError on failure, BadFileError on a bad file."""
+    init_backend()
+    gf = file if isinstance(file, GGUFFile) else _opened(Path(file))
+    p = gf.path
+    if gf.is_mtp_sidecar and not load_mtp:
+        raise LlamaError(f"{p}: an MTP-only sidecar holds nothing but heads; load it with load_mtp=True")
+    params = _C.llama_model_default_params()
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else int(n_gpu_layers)
+    params.load_mtp = bool(load_mtp)
+    if not use_mmap:
+        params.load_mode = _C.LLAMA_LOAD_MODE_NONE
+    model = _C.llama_model_load_from_file(str(p).encode("utf-8"), params)
+    if not model:
+        raise LlamaError(f"{p}: llama.cpp failed to load the model")
+    _models[addr(model)] = ModelInfo(p, bool(load_mtp), gf.layout().nextn_layers, gf.is_mtp_sidecar)
+    return model
+
+
+def _opened(path: Path) -> GGUFFile:
+    if not path.is_file():
+        raise LlamaError(f"{path}: no such file")
+    return open_gguf(path)  # bounds-checked before llama.cpp sees it
+
+
+def free_model(model: ModelPtr) -> None:
+    if model:
+        _models.pop(addr(model), None)
+        _C.llama_model_free(model)
+
+
+def create_context(
+    model: ModelPtr,
+    *,
+    n_ctx: int = 512,
+    n_batch: int = 512,
+    n_ubatch: Optional[int] = None,
+    n_threads: Optional[int] = None,
+    n_threads_batch: Optional[int] = None,
+    ctx_type: int = CTX_TYPE_TARGET,
+    ctx_other: Optional[ContextPtr] = None,
+    n_rs_seq: int = 0,
+    n_seq_max: int = 1,
+    n_outputs_max: int = 0,
+    embeddings: bool = False,
+) -> ContextPtr:
+    """Create a context. For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
+    ctx_other=<target context> (llama.cpp keeps ctx_other only for archs that share the
+    target's memory, e.g. gemma4-assistant; for qwen35/glm4moe the MTP context has its own KV).
+    `n_rs_seq` = recurrent-state snapshots per sequence for rollback (target of a hybrid arch
+    such as qwen35: >= the draft length; 0 for the MTP context). Raises LlamaError on NULL."""
+    init_backend()
+    info = model_info(model)
+    if ctx_type == CTX_TYPE_MTP:
+        if n_layer_nextn(model) == 0:
+            raise LlamaError("an MTP context needs a model with MTP head blocks (nextn_predict_layers > 0)")
+        if info is not None and not info.load_mtp:
+            # llama.cpp would GGML_ASSERT (abort the process) on the missing nextn tensors
+            raise LlamaError(f"{info.path}: loaded without load_mtp=True; cannot create an MTP context")
+    elif info is not None and info.mtp_only:
+        # llama.cpp would segfault building the trunk graph of a model with no trunk
+        raise LlamaError(f"{info.path}: an MTP-only sidecar runs only in an MTP context (ctx_type=CTX_TYPE_MTP)")
+    params = _C.llama_context_default_params()
+    params.n_ctx = int(n_ctx)
+    params.n_batch = min(int(n_batch), int(n_ctx)) if n_ctx else int(n_batch)
+    params.n_ubatch = min(int(n_ubatch), params.n_batch) if n_ubatch else params.n_batch
+    params.n_seq_max = int(n_seq_max)
+    threads = n_threads if n_threads is not None else default_threads()
+    params.n_threads = int(threads)
+    params.n_threads_batch = int(n_threads_batch if n_threads_batch is not None else threads)
+    params.ctx_type = int(ctx_type)
+    params.embeddings = bool(embeddings)
+    if _HAS_N_RS_SEQ:
+        params.n_rs_seq = int(n_rs_seq)
+    elif n_rs_seq:
+        raise LlamaError("this llama.cpp build has no n_rs_seq context parameter")
+    if _HAS_N_OUTPUTS_MAX and n_outputs_max:
+        params.n_outputs_max = int(n_outputs_max)
+    if ctx_other is not None:
+        params.ctx_other = ctx_other
+    ctx = _C.llama_init_from_model(model, params)
+    if not ctx:
+        kind = "MTP" if ctx_type == CTX_TYPE_MTP else "target"
+        raise LlamaError(
+            f"llama.cpp failed to create the {kind} context"
+            + (" (model has no MTP layers, or was loaded without load_mtp)" if kind == "MTP" else "")
+        )
+    return ctx
+
+
+def free_context(ctx: ContextPtr) -> None:
+    if ctx:
+        _C.llama_free(ctx)
+
+
+def context_model(ctx: ContextPtr) -> ModelPtr:
+    return _C.llama_get_model(ctx)
+
+
+def n_embd_out(model: ModelPtr) -> int:
+    """Width of an h (nextn) row: n_embd_out, falling back to n_embd."""
+    n = int(_C.llama_model_n_embd_out(model))
+    return n if n > 0 else int(_C.llama_model_n_embd(model))
+
+
+def n_layer_nextn(model: ModelPtr) -> int:
+    return int(_C.llama_model_n_layer_nextn(model))
+
+
+def n_vocab(model: ModelPtr) -> int:
+    return int(_C.llama_vocab_n_tokens(_C.llama_model_get_vocab(model)))
+
+
+def n_rs_seq(ctx: ContextPtr) -> int:
+    return int(_C.llama_n_rs_seq(ctx)) if hasattr(_C, "llama_n_rs_seq") else 0
+
+
+def n_ctx(ctx: ContextPtr) -> int:
+    """The context's actual size in tokens (llama.cpp may round the requested n_ctx)."""
+    return int(_C.llama_n_ctx(ctx))
+
+
+def n_batch(ctx: ContextPtr) -> int:
+    return int(_C.llama_n_batch(ctx))
+
+
+def model_has_recurrent_state(model: ModelPtr) -> bool:
+    """True for recurrent (Mamba/RWKV) and hybrid (qwen35 gated delta net) models: their state
+    rolls back only through n_rs_seq snapshots or a saved state, not by dropping KV cells."""
+    return bool(_C.llama_model_is_recurrent(model)) or bool(_C.llama_model_is_hybrid(model))
+
+
+def model_n_ctx_train(model: ModelPtr) -> int:
+    return int(_C.llama_model_n_ctx_train(model))
+
+
+def default_threads() -> int:
+    """The thread count create_context uses when n_threads is None."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def supports_gpu_offload() -> bool:
+    return bool(_C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    """llama.cpp's build/CPU feature line (e.g. "CPU : AVX2 = 1 | ...")."""
+    return bytes(_C.llama_print_system_info() or b"").decode("utf-8", "replace").strip()

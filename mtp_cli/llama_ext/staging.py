@@ -1,0 +1,55 @@
+"""The staging MTP API: `llama_cpp.llama_cpp_ext` (nextn embeddings, nextn layer offset, ctx_other).
+
+These bindings are not a stable API of llama-cpp-python; this is the only module that imports them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from llama_cpp import llama_cpp_ext as _X
+
+from mtp_cli.errors import LlamaError
+from mtp_cli.llama_ext.models import ContextPtr, context_model, n_embd_out
+
+
+def set_embeddings_nextn(ctx: ContextPtr, enabled: bool, masked: bool) -> None:
+    """Target: (True, False) -> one h row per batch token. MTP draft: (True, True) -> h rows for
+    output rows only (read them with get_embeddings_nextn_ith)."""
+    _X.llama_set_embeddings_nextn(ctx, bool(enabled), bool(masked))
+
+
+def get_embeddings_nextn(
+    ctx: ContextPtr, n_rows: int, *, copy: bool = True, n_embd: Optional[int] = None
+) -> np.ndarray:
+    """The first `n_rows` h rows of the last decode, shape (n_rows, n_embd_out), float32.
+    copy=False returns a view into llama.cpp's buffer, valid until the next decode. Pass n_embd
+    (= n_embd_out of the model) to skip looking it up."""
+    ptr = _X.llama_get_embeddings_nextn(ctx)
+    if not ptr:
+        raise LlamaError("no nextn embeddings (set_embeddings_nextn not enabled, or nothing decoded)")
+    n = n_embd if n_embd else n_embd_out(context_model(ctx))
+    arr = np.ctypeslib.as_array(ptr, shape=(int(n_rows), n))
+    return arr.copy() if copy else arr
+
+
+def get_embeddings_nextn_ith(ctx: ContextPtr, i: int, *, copy: bool = True, n_embd: Optional[int] = None) -> np.ndarray:
+    """The h row of batch index `i` (negative: from the end of the outputs), shape (n_embd_out,)."""
+    ptr = _X.llama_get_embeddings_nextn_ith(ctx, int(i))
+    if not ptr:
+        raise LlamaError(f"no nextn embedding row for batch index {i}")
+    n = n_embd if n_embd else n_embd_out(context_model(ctx))
+    arr = np.ctypeslib.as_array(ptr, shape=(n,))
+    return arr.copy() if copy else arr
+
+
+def set_nextn_layer_offset(ctx: ContextPtr, offset: int) -> None:
+    """Select which appended head block the MTP graph runs (chained-head archs, e.g. step35)."""
+    _X.llama_set_nextn_layer_offset(ctx, int(offset))
+
+
+def get_ctx_other(ctx: ContextPtr) -> Optional[ContextPtr]:
+    """The ctx_other llama.cpp kept (None unless the arch shares the target's memory)."""
+    other = _X.llama_get_ctx_other(ctx)
+    return other if other else None

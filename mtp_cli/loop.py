@@ -1,0 +1,232 @@
+"""The verify loop: one generation of speculative decoding as one generator (mlx-lm's generate.py style).
+
+Per step:
+
+1. propose: the drafter proposes d1..dk (k <= N, the policy's; fewer near n_predict / the end of
+   the context);
+2. verify: the target decodes [id_last, d1..dk] in ONE batch with logits on every row; row i is
+   sampled in order (greedy: argmax; otherwise llama.cpp's sampler chain, one random draw per
+   emitted token) and d(i+1) is kept only while it equals that sample, so the output is exactly
+   what plain decoding produces (up to ~1e-3 logit noise between batched and single-token
+   kernels, which can flip a near-tie);
+3. settle: the rejected cells are removed from the target (memory_seq_rm), the drafter rolls back
+   and takes the accepted tokens;
+4. emit: drafts[:a] + [the target's own token], stopping at EOG / n_predict.
+
+Rollback of recurrent state (qwen35's gated delta net, any hybrid/recurrent arch): llama.cpp keeps
+n_rs_seq per-token snapshots of the last decoded batch (slot s = state after the s-th token from
+the end) and memory_seq_rm(p0) rolls back r = pos_max - p0 + 1 positions when 1 <= r <= n_rs_seq,
+once between decodes (a second removal before the next decode is refused). Slot r is only valid if
+the last batch had more than r tokens: removing a whole batch is accepted but silently restores a
+stale state. The verify batch always keeps id_last, so r <= k <= N: the target gets n_rs_seq = N
+exactly (Runtime), and every rollback is exact. Non-recurrent archs need no snapshots.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import Optional
+
+import numpy as np
+
+from mtp_cli import llama_ext as lx
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters import Drafter
+from mtp_cli.errors import LlamaError
+from mtp_cli.policy import DraftPolicy
+from mtp_cli.sampling import TokenSampler, verify_greedy
+from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
+
+_now = time.perf_counter
+
+VerifySampled = Callable[[TokenSampler, lx.ContextPtr, np.ndarray, Sequence[int]], tuple[int, int]]
+
+
+class VerifyLoop:
+    """One generation on a target context with a drafter; `run(prompt)` is the generator."""
+
+    def __init__(
+        self,
+        model: lx.ModelPtr,
+        tgt: lx.ContextPtr,
+        drafter: Drafter,
+        policy: DraftPolicy,
+        cfg: GenConfig,
+        n_ctx: int,
+        stats: GenStats,
+        pieces: lx.PieceDecoder,
+        verify_sampled: VerifySampled,
+    ):
+        self.model, self.tgt, self.drafter, self.policy = model, tgt, drafter, policy
+        self.stats, self.pieces, self.verify_sampled = stats, pieces, verify_sampled
+        self.n_ctx, self.n_max, self.n_min = n_ctx, stats.n_max, cfg.draft_n_min
+        self.n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
+        self.V = lx.n_vocab(model)
+        self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))
+        self.t_consumer = 0.0
+        self.emitted = self.step = self.n_past = self.id_last = 0
+        self.k = self.a = -1  # drafted / accepted by the last step (-1: before the first)
+        self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
+        self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
+
+    def run(self, prompt: Sequence[int]) -> Generator[TokenEvent, None, GenStats]:
+        st = self.stats
+        t_start = _now()
+        try:
+            if self.n_predict == 0:
+                return self._stopped("n_predict")
+            first = self._prefill(prompt)
+            st.t_prompt = _now() - t_start
+            if (yield from self._emit(first, "target")):
+                return st
+            self.policy.begin(self.t_consumer)
+            while (room := self._room()) > 0:
+                drafts = self._propose(room)
+                a, nxt = self._verify(drafts)
+                self._settle(drafts, a, nxt)
+                for j in range(a):
+                    if (yield from self._emit(drafts[j], "draft")):
+                        return st
+                if (yield from self._emit(nxt, "target")):
+                    return st
+            return st
+        except KeyboardInterrupt:
+            return self._stopped("interrupted")
+        except GeneratorExit:
+            raise
+        except BaseException:
+            st.stop_reason = "error"
+            raise
+        finally:
+            self._finish(t_start)
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    def _prefill(self, prompt: Sequence[int]) -> int:
+        """Decode the prompt in n_batch chunks (the drafter follows each), sample the first token."""
+        tgt, vb, d = self.tgt, self.vb, self.drafter
+        lx.memory_clear(tgt)
+        d.begin(prompt)
+        toks = np.asarray(prompt, dtype=np.int32)
+        n_b = lx.n_batch(tgt)
+        for p0 in range(0, len(toks), n_b):
+            chunk = toks[p0 : p0 + n_b]
+            vb.clear()
+            vb.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
+            lx.decode(tgt, vb)
+            d.on_prefill(chunk, p0)
+        first = self.id_last = self.sampler.sample(tgt, vb.n_tokens - 1, lx.logits_rows(tgt, 1, self.V)[0])
+        self.n_past = len(prompt)
+        d.t_decode, d.n_decode = 0.0, 0  # the drafter's generation costs start now
+        return first
+
+    def _room(self) -> int:
+        """Free positions for the next step (id_last needs one, each draft token one more); 0: stop."""
+        if self.emitted >= self.n_predict:
+            self._stopped("n_predict")
+            return 0
+        room = self.n_ctx - self.n_past
+        if room <= 0:
+            self._stopped("ctx_full")
+        return max(room, 0)
+
+    def _propose(self, room: int) -> list[int]:
+        """The drafts to verify this step, as the policy says (it may put the drafter to sleep, or
+        ask for a shadow step whose draft is only compared with the target's token)."""
+        p, d = self.policy, self.drafter
+        n = p.step(self.k, self.a, self.t_consumer, self.step)
+        k_max = min(n, self.n_max, room - 1, self.n_predict - self.emitted - 1)
+        drafts: list[int] = []
+        if p.sleep and d.can_sleep and k_max <= 0:
+            self.asleep = True
+        else:
+            if self.asleep:
+                d.restart(self.n_past)
+                self.asleep = False
+            if self.n_max > 0:
+                drafts = d.draft(self.id_last, self.n_past, k_max)
+            if p.shadow:
+                self.shadow, drafts = drafts, []
+        return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
+
+    def _verify(self, drafts: list[int]) -> tuple[int, int]:
+        """One target decode of [id_last, *drafts]: (drafts accepted, the target's next token)."""
+        vb, st, k = self.vb, self.stats, len(drafts)
+        self.step += 1
+        vb.clear()
+        vb.add(self.id_last, self.n_past, logits=True)
+        for i, dt in enumerate(drafts):
+            vb.add(dt, self.n_past + 1 + i, logits=True)
+        t = _now()
+        lx.decode(self.tgt, vb)
+        st.t_target_decode += _now() - t
+        st.n_verify += 1
+        rows = lx.logits_rows(self.tgt, k + 1, self.V)
+        if self.sampler.greedy:
+            return verify_greedy(rows, drafts)
+        return self.verify_sampled(self.sampler, self.tgt, rows, drafts)
+
+    def _settle(self, drafts: list[int], a: int, nxt: int) -> None:
+        """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""
+        st, k = self.stats, len(drafts)
+        if k:
+            st.n_drafted += k
+            st.n_accepted += a
+            for i in range(k):
+                st.drafted_at[i] += 1
+            for i in range(a):
+                st.accepted_at[i] += 1
+            if a < k and not lx.memory_seq_rm(self.tgt, 0, self.n_past + a + 1, -1):
+                raise LlamaError(
+                    f"the target context refused to roll back {k - a} positions (n_rs_seq {lx.n_rs_seq(self.tgt)})"
+                )
+        if self.shadow is not None:
+            if self.shadow:
+                self.policy.shadow_result(self.shadow[0] == nxt)
+            self.shadow = None
+        if not self.asleep:
+            self.drafter.accept(a, drafts)
+        self.n_past += a + 1
+        self.id_last = nxt
+        self.k, self.a = k, a
+
+    def _emit(self, tok: int, source: Source) -> Generator[TokenEvent, None, bool]:
+        """Yield one token (the caller's time is kept apart); True when generation stops here."""
+        if lx.is_eog(self.model, tok):
+            self._stopped("eog")
+            return True
+        self.emitted += 1
+        self.stats.n_tokens = self.emitted
+        t = _now()
+        yield TokenEvent(tok, self.utf8.decode(self.pieces(tok)), source, self.step)
+        self.t_consumer += _now() - t
+        if self.emitted >= self.n_predict:
+            self._stopped("n_predict")
+            return True
+        return False
+
+    def _stopped(self, reason: StopReason) -> GenStats:
+        self.stats.stop_reason = reason
+        return self.stats
+
+    def _finish(self, t_start: float) -> None:
+        st = self.stats
+        if st.stop_reason is None:
+            st.stop_reason = "interrupted"  # closed early by the consumer
+        end = _now()
+        if st.t_prompt == 0.0:
+            st.t_prompt = end - t_start
+        else:
+            st.t_gen = max(0.0, end - t_start - st.t_prompt - self.t_consumer)
+        st.t_consumer = self.t_consumer
+        st.t_draft_decode = self.drafter.t_decode
+        st.n_draft_decode = self.drafter.n_decode
+        self.policy.end(self.step)
+        self.sampler.close()
+
+
+__all__ = ["VerifyLoop"]

@@ -1,0 +1,40 @@
+"""DraftPolicy: how many tokens the verify loop drafts each step.
+
+The base drafts a fixed N, what the runtime uses when given no policy. Policies that choose N while
+generating (mtp_cli.speed.adaptive) live above the runtime and subclass this; the loop calls
+
+    begin(t_consumer)                       a generation's steps follow
+    step(drafted, accepted, t_consumer, done) -> N   report the last step, get the next one's N;
+                                            then `shadow` and `sleep` say how to run it
+    shadow_result(hit)                      after a shadow step: was its one draft token the target's?
+    end(done)                               the generation ended after `done` steps
+"""
+
+from __future__ import annotations
+
+
+class DraftPolicy:
+    """A fixed draft length: N = n_max every step."""
+
+    #: this step drafts one token that is compared with the target's token but not verified
+    shadow: bool = False
+    #: drafting is off for now: a drafter that can resume cold (Drafter.can_sleep) is not called
+    sleep: bool = False
+
+    def __init__(self, n_max: int):
+        self.n_max = int(n_max)
+
+    def begin(self, t_consumer: float) -> None:
+        pass
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        return self.n_max
+
+    def shadow_result(self, hit: bool) -> None:
+        pass
+
+    def end(self, done: int) -> None:
+        pass
+
+
+__all__ = ["DraftPolicy"]

@@ -1,0 +1,319 @@
+"""AdaptiveController: the draft length N chosen while generating (a DraftPolicy).
+
+The verify loop calls `step(k, a, t_consumer, done)` at the start of each step (k = tokens the
+previous step drafted, a = accepted) and drafts at most the N it returns. Per step that is a few
+list increments and a counter; while drafting is off and no decision is due, a counter only.
+Every few steps (`_decide`) the controller folds what it saw into the running estimates of
+mtp_cli.speed.evidence.
+
+The rule: N = the measured setting with the highest throughput; N = 0 (plain decoding) when no
+drafting setting beats it. Exploration is by probes, at most one per `gap` steps (GAP_MIN, doubling
+to GAP_MAX while probes change nothing) and, after a probe that changed nothing, not before its
+extra cost is PROBE_BUDGET (0.5%) of the steps since (unless it came within CLOSE_CALL of the best).
+A probe runs the N with the highest optimistic throughput if that beats the best; PROBE_STEPS
+steps, the first untimed (graph rebuilds, catch-up). While drafting is off and the head's
+first-token hit rate is below SHADOW_RATE (or unknown), a probe is a shadow step instead: the head
+drafts one token, the target decodes one token as usual, and only the two are compared, which is
+acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
+machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
+found again.
+
+While off, `sleep` is set unless the head looks useful (hit rate >= SHADOW_RATE) and plain steps
+are long enough (>= SLEEP_BELOW): the loop then stops calling a drafter that can resume cold
+(the MTP drafter restarts its context at the current position, without the history before it:
+an off controller costs plain decoding plus a counter); otherwise the off drafter stays in step
+(~1% of a small model's decoding: its catch-up rows decoded in batches) and keeps its history,
+which heads that attend over it need to be judged fairly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from mtp_cli.errors import ConfigError
+from mtp_cli.policy import DraftPolicy
+from mtp_cli.speed.evidence import Evidence
+
+_now = time.perf_counter
+
+ADAPTIVE_N_MAX = 8  # upper bound of N for "adaptive" (and "auto" without a profile)
+WINDOW_ON = 8  # steps between decisions while drafting
+WINDOW_OFF = 128  # steps between decisions while off and no probe is worth it
+WINDOW_START = 4
+GAP_MIN, GAP_MAX = 8, 512  # steps between probes
+SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below this (or unknown), probes are shadow steps
+PROBE_MARGIN = 1.02
+CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budget wait
+PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
+SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
+PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
+
+
+class AdaptiveController(DraftPolicy):
+    """Per-step choice of N in 0..n_max (see the module docstring).
+
+    costs: relative step costs by N (costs[0] = plain decoding). With measure=False they replace
+    measurement entirely (deterministic decisions, for tests and what-if studies); with
+    measure=True they only shape the cost of settings not yet measured (e.g. a tuned cost model).
+    may_sleep: None = when plain steps are shorter than SLEEP_BELOW; True / False to force.
+    """
+
+    def __init__(
+        self,
+        n_max: int = ADAPTIVE_N_MAX,
+        *,
+        costs: Optional[Sequence[float]] = None,
+        measure: bool = True,
+        start: int = 0,
+        may_sleep: Optional[bool] = None,
+    ):
+        if n_max < 1:
+            raise ConfigError("n_max must be >= 1")
+        if costs is not None and len(costs) < n_max + 1:
+            raise ConfigError(f"costs needs {n_max + 1} entries (N = 0..{n_max})")
+        if not measure and costs is None:
+            raise ConfigError("measure=False needs costs")
+        super().__init__(n_max)
+        self.ev = Evidence(n_max, costs, measure)
+        self._may_sleep_forced = may_sleep
+        self._nk = [0] * (n_max + 2)  # this window: steps by drafted count k >= 1
+        self._na = [0] * (n_max + 2)  # ... by accepted count a >= 1
+        start = max(0, min(int(start), n_max))
+        self.n = self.best = start  # N for the current window; the best setting so far
+        self.sleep = start == 0 and may_sleep is not False
+        self.shadow = False
+        self.quiet = 0  # steps step() answers without looking (drafting off, nothing to count)
+        self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
+        self._gap = 2 * GAP_MIN if start == 0 else GAP_MIN  # starting off: the first (shadow) probe after 16 steps
+        self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
+        self._since = 0  # steps since the last probe
+        # step counts are totals over generations: base (completed before this generation) + done
+        self._base = 0
+        self._w0 = 0  # the total at which the current window's uncounted steps start
+        self._due = self._gap if start == 0 else WINDOW_START  # the total at which the next decision is due
+        self._t0 = _now()  # the window's clock (restarted by begin: a partial window's time is dropped)
+        self._tc0 = 0.0
+        self._active = False  # between begin() and end()
+        # what happened (for reports and tests)
+        self.steps_at = [0] * (n_max + 1)  # steps run at each N (requested: the loop may draft fewer near the end)
+        self.n_probes = self.n_shadow = self.n_switches = self.steps = 0
+        self.changes: list[tuple[int, int]] = []  # (step, new best N)
+
+    # -- the DraftPolicy interface ---------------------------------------------------------------
+
+    def begin(self, t_consumer: float = 0.0) -> None:
+        """A generation starts (its steps follow): restart the window's clock."""
+        if any(self._nk):
+            self.ev.fold(self._nk, self._na)  # keep what the last generation's partial window saw (not its time)
+        self._nk = [0] * (self.n_max + 2)
+        self._na = [0] * (self.n_max + 2)
+        self._t0 = _now()
+        self._tc0 = t_consumer
+        if not self.sleep:
+            self._due = min(self._due, self._base + WINDOW_ON)
+        # the first call (done = 0) answers from the fast path: skip to the decision
+        self.quiet = max(0, self._due - self._base - 1) if self.sleep else 0
+        self._active = True
+
+    def end(self, done: int) -> None:
+        """The generation ended after `done` steps: count the unfinished window's steps (its time is
+        dropped: begin() restarts the clock)."""
+        if not self._active:  # it ended before its first step
+            return
+        self._active = False
+        total = self._base + done
+        steps = max(0, total - self._w0)
+        self.steps_at[self.n if not self.shadow else 0] += steps
+        self._since += steps
+        self.steps += steps
+        self._w0 = self._base = total
+
+    def shadow_result(self, hit: bool) -> None:
+        """A shadow step's draft token was (hit) or was not the token the target produced."""
+        self._nk[1] += 1
+        if hit:
+            self._na[1] += 1
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        """Report the previous step (anything <= 0 before the first; `done` steps of this generation
+        completed) and get N for the next."""
+        if self.quiet:  # drafting is off until the next decision: nothing to count
+            self.quiet -= 1
+            return self.n
+        if drafted > 0:
+            self._nk[drafted] += 1
+            self._na[accepted] += 1
+        if self._base + done < self._due:
+            return self.n
+        return self._decide(t_consumer, self._base + done)
+
+    # -- estimates (the evidence's) ------------------------------------------------------------
+
+    def cost(self, n: int) -> Optional[float]:
+        return self.ev.cost(n)
+
+    def acceptance(self) -> list[float]:
+        return self.ev.acceptance()
+
+    def throughput(self) -> list[Optional[float]]:
+        return self.ev.throughput()
+
+    # -- decisions -------------------------------------------------------------------------------
+
+    def _decide(self, t_consumer: float, total: int) -> int:
+        steps, n_win = total - self._w0, self.n  # since the window started, or this generation did
+        if steps:
+            self._observe(steps, n_win, (_now() - self._t0 - (t_consumer - self._tc0)) / steps)
+        self._nk = [0] * (self.n_max + 2)
+        self._na = [0] * (self.n_max + 2)
+        self._w0 = total
+        if self._probing == 1 and not self.shadow:  # the probe's timed steps follow
+            self._probing = 2
+            self._due = total + PROBE_STEPS - 1
+            self.quiet = 0
+            self._t0, self._tc0 = _now(), t_consumer
+            return self.n
+        due = max(self._gap, self._wait)
+        if n_win == 0 and self.best == 0 and not self._probing and self._since < due:
+            return self._next_window(max(int(due - self._since), 1), t_consumer, total)  # off, no probe due yet
+        thr = self.ev.throughput()
+        self._update_best(thr, n_win)
+        window = self._next_setting(thr)
+        self.sleep = self.best == 0 and self.n == 0 and self._may_sleep()
+        return self._next_window(window, t_consumer, total)
+
+    def _observe(self, steps: int, n_win: int, per: float) -> None:
+        """Fold the window's acceptance and, unless it was a shadow or warm-up step, its cost."""
+        self.ev.decay_acceptance(steps)
+        self.ev.fold(self._nk, self._na)
+        warm_up = self._probing == 1 and not self.shadow  # its time is the switch's, not the setting's
+        if self._probing and not warm_up:
+            self._wait = self._probe_wait(n_win, per)
+        if self.ev.measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
+            self.ev.add_cost(n_win, per, steps)
+        self.steps += steps
+        self._since += steps
+        self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
+
+    def _update_best(self, thr: list[Optional[float]], n_win: int) -> None:
+        old = self.best
+        cands = [n for n in range(self.n_max + 1) if thr[n] is not None]
+        best = max(cands, key=lambda n: thr[n]) if cands else old  # type: ignore[arg-type,return-value]
+        if best != old:
+            self.best = best
+            self.n_switches += 1
+            self.changes.append((self.steps, best))
+            self._gap = GAP_MIN
+            self._wait = 0.0
+        if self._probing:
+            self._probing = 0
+            if best == old:  # nothing changed: probe less often
+                self._gap = min(2 * self._gap, GAP_MAX)
+                t_probe, t_best = thr[n_win], thr[best]
+                if not self.shadow and t_probe and t_best and t_probe >= CLOSE_CALL * t_best:
+                    self._wait = 0.0  # a close call (a few steps say little): look again soon
+
+    def _next_setting(self, thr: list[Optional[float]]) -> int:
+        """Set N for the next window (a probe, a shadow step, or the best); its length in steps."""
+        probe = self._probe_candidate(thr) if self._since >= max(self._gap, self._wait) else None
+        self.shadow = False
+        if probe is not None:
+            self._probing = 1
+            self._since = 0
+            self.n = probe
+            hit = self.ev.hit_rate()
+            if probe and self.best == 0 and (hit is None or hit < SHADOW_RATE):
+                self.shadow = True  # is the head any good? costs plain decoding plus one head decode
+                self.n = 1
+                self.n_shadow += 1
+            else:
+                self.n_probes += 1
+            return 1
+        self.n = self.best
+        if self.best:
+            return WINDOW_ON
+        due = max(self._gap, self._wait)
+        return max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
+
+    def _next_window(self, window: int, t_consumer: float, total: int) -> int:
+        self._due = total + window
+        self.quiet = window - 1 if self.sleep else 0  # step() answers without looking until the next decision
+        self._t0, self._tc0 = _now(), t_consumer
+        return self.n
+
+    def _may_sleep(self) -> bool:
+        """Keeping an off drafter in step (its catch-up rows queued and decoded in batches: ~1% of a
+        small model's plain decoding) keeps the head's history, so probes see its real acceptance
+        (after a cold restart a head that attends over its history reads low). Worth it for a head
+        that looks useful, unless plain steps are so short that it shows (tiny models); a head that
+        hits less than SHADOW_RATE (or not yet probed) sleeps."""
+        if self._may_sleep_forced is not None:
+            return self._may_sleep_forced
+        if not self.ev.measure:
+            return True
+        c0 = self.ev.cost(0)
+        if c0 is None or c0 < SLEEP_BELOW:
+            return True
+        hit = self.ev.hit_rate()
+        return hit is None or hit < SHADOW_RATE
+
+    def _probe_wait(self, n: int, per: float) -> float:
+        """Steps before the next probe so that probes cost at most PROBE_BUDGET of the time: this
+        probe's extra cost over a step at the best N, in steps, divided by the budget."""
+        base = self.ev.cost(self.best)
+        if not base:
+            return 0.0
+        if self.ev.measure:
+            c = min(per, 3.0 * base)
+        elif self.shadow:
+            return 0.0  # (fixed costs say nothing about a shadow step)
+        else:
+            c = self.ev.costs[n]  # type: ignore[index]  # measure=False comes with costs
+        return max(0.0, c / base - 1.0) / PROBE_BUDGET
+
+    def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
+        """The N with the highest optimistic throughput, if that beats the best's estimate (an
+        unmeasured N = 0 first: its cost is the baseline)."""
+        measured = [self.ev.cost(n) for n in range(self.n_max + 1)]
+        up = self.ev.acceptance_upper()
+        pick, top = None, (thr[self.best] or 0.0) * PROBE_MARGIN
+        e = 1.0
+        for n in range(self.n_max + 1):
+            if n:
+                e += up[n - 1]
+            if n == self.best:
+                continue
+            c = self.ev.cost_optimistic(n, measured)
+            if c <= 0.0:
+                return n
+            if e / c > top:
+                pick, top = n, e / c
+        return pick
+
+    # -- reports -----------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n": self.best,
+            "steps_at": list(self.steps_at),
+            "probes": self.n_probes,
+            "shadow_probes": self.n_shadow,
+            "switches": self.n_switches,
+            "acceptance": [round(x, 4) for x in self.ev.acceptance()],
+            "cost": [self.ev.cost(n) for n in range(self.n_max + 1)],
+        }
+
+    def describe(self) -> str:
+        used = ", ".join(f"N={n}: {s}" for n, s in enumerate(self.steps_at) if s)
+        hit = self.ev.hit_rate()
+        seen = f"; head's first draft ~{hit:.0%} right" if hit is not None and self.ev.D[0] >= 5 else ""
+        why = " (drafting would not beat plain decoding here)" if self.best == 0 and self.steps else ""
+        return (
+            f"adaptive: now N={self.best}{why}; steps {used or '-'}; {self.n_probes} probes "
+            f"(+{self.n_shadow} shadow), {self.n_switches} switches{seen}"
+        )
+
+
+__all__ = ["AdaptiveController", "ADAPTIVE_N_MAX"]

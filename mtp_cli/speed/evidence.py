@@ -1,0 +1,137 @@
+"""What the adaptive controller has seen: decayed acceptance and cost evidence, and the estimates from it.
+
+- cost[N]: seconds per step at N (the steps' wall time minus the time the consumer held the
+  generator), a decayed average (per-step decay GAMMA_COST) over windows of steps at that N;
+- acc[i]: P(the first i+1 drafts are accepted | drafted), decayed counts (GAMMA_ACC) plus
+  PRIOR_WEIGHT pseudo-counts of the geometric continuation from i-1 (of 0 at i = 0: drafting is
+  switched on by evidence only);
+- E(N) = 1 + sum_{i<N} acc[i] tokens per step; throughput(N) = E(N) / cost[N].
+
+Optimistic estimates, for probing: acceptance upper bounds (A+1)/(D+1), which grow back as evidence
+decays (continued geometrically past positions without evidence), and for an unmeasured N a cost
+extrapolated at half the measured slope (or shaped by given relative costs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+GAMMA_ACC = 0.99  # per step: acceptance evidence halves in ~69 steps
+GAMMA_COST = 0.998  # per step: cost evidence halves in ~350 steps
+MIN_WEIGHT = 0.5  # cost evidence (decayed steps) below which a setting counts as unmeasured
+PRIOR_WEIGHT = 0.5  # pseudo-observations behind the acceptance point estimates
+SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the measured slope
+
+
+class Evidence:
+    """Decayed counts for N = 0..n_max. costs: relative step costs by N; with measure=False they are
+    the costs (nothing is measured); with measure=True they only shape unmeasured settings."""
+
+    def __init__(self, n_max: int, costs: Optional[Sequence[float]], measure: bool):
+        L = n_max + 1
+        self.n_max = n_max
+        self.costs = [float(c) for c in costs[:L]] if costs is not None else None
+        self.measure = measure
+        self.S = [0.0] * L  # decayed sum of step seconds by N
+        self.C = [0.0] * L  # decayed step counts by N
+        self.D = [0.0] * n_max  # decayed counts: draft position i was drafted
+        self.A = [0.0] * n_max  # ... and accepted
+
+    # -- adding evidence -------------------------------------------------------------------------
+
+    def fold(self, nk: Sequence[int], na: Sequence[int]) -> None:
+        """Add a window's steps by drafted count k (nk[k]) and accepted count a (na[a])."""
+        c = 0
+        for k in range(self.n_max, 0, -1):
+            c += nk[k]
+            self.D[k - 1] += c
+        c = 0
+        for j in range(self.n_max, 0, -1):
+            c += na[j]
+            self.A[j - 1] += c
+
+    def decay_acceptance(self, steps: int) -> None:
+        g = GAMMA_ACC**steps
+        for i in range(self.n_max):
+            self.D[i] *= g
+            self.A[i] *= g
+
+    def add_cost(self, n: int, per: float, steps: int) -> None:
+        """`steps` steps at N = n took `per` seconds each."""
+        S, C = self.S, self.C
+        if C[n] >= MIN_WEIGHT:
+            per = min(per, 3.0 * S[n] / C[n])  # a preempted step is not the setting's cost
+        g = GAMMA_COST**steps
+        for i in range(len(S)):
+            S[i] *= g
+            C[i] *= g
+        S[n] += per * steps
+        C[n] += steps
+
+    # -- estimates ---------------------------------------------------------------------------------
+
+    def hit_rate(self) -> Optional[float]:
+        """The head's first-draft acceptance so far (None before any evidence)."""
+        return self.A[0] / self.D[0] if self.D[0] > 0.0 else None
+
+    def cost(self, n: int) -> Optional[float]:
+        """Measured seconds (or relative units, with measure=False) per step at N, or None."""
+        if not self.measure:
+            return self.costs[n]  # type: ignore[index]  # measure=False comes with costs
+        return self.S[n] / self.C[n] if self.C[n] >= MIN_WEIGHT else None
+
+    def acceptance(self) -> list[float]:
+        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1."""
+        out = []
+        prev2, prev = 1.0, 1.0
+        for i in range(self.n_max):
+            extra = 0.0 if i == 0 else (min(prev, prev * prev / prev2) if prev2 > 0 else 0.0)
+            p = min((self.A[i] + PRIOR_WEIGHT * extra) / (self.D[i] + PRIOR_WEIGHT), prev)
+            out.append(p)
+            prev2, prev = prev, p
+        return out
+
+    def acceptance_upper(self) -> list[float]:
+        """Optimistic P(first i+1 drafts accepted): (A+1)/(D+1) where position i has evidence,
+        else the geometric continuation u[i-1] * u[0]."""
+        out: list[float] = []
+        prev = 1.0
+        for i in range(self.n_max):
+            u = (self.A[i] + 1.0) / (self.D[i] + 1.0)
+            if i and self.D[i] < MIN_WEIGHT:
+                u = prev * out[0]
+            u = min(prev, u)
+            out.append(u)
+            prev = u
+        return out
+
+    def throughput(self) -> list[Optional[float]]:
+        """Estimated tokens per unit of cost at each N (None: not measured)."""
+        acc = self.acceptance()
+        out: list[Optional[float]] = []
+        e = 1.0
+        for n in range(self.n_max + 1):
+            if n:
+                e += acc[n - 1]
+            c = self.cost(n)
+            out.append(e / c if c else None)
+        return out
+
+    def cost_optimistic(self, n: int, measured: Sequence[Optional[float]]) -> float:
+        c = measured[n]
+        if c is not None:
+            return c
+        below = [(j, m) for j, m in enumerate(measured[:n]) if m is not None]
+        if not below:
+            return 0.0  # never measured and nothing cheaper known: worth a look
+        j1, c1 = below[-1]
+        if self.costs is not None:  # a cost model's shape
+            return c1 * self.costs[n] / max(self.costs[j1], 1e-12)
+        if len(below) >= 2:
+            j0, c0 = below[-2]
+            return c1 + SLOPE_OPTIMISM * max((c1 - c0) / (j1 - j0), 0.0) * (n - j1)
+        return c1 * (1.0 + 0.1 * (n - j1))
+
+
+__all__ = ["Evidence", "GAMMA_ACC", "GAMMA_COST", "MIN_WEIGHT", "PRIOR_WEIGHT", "SLOPE_OPTIMISM"]
