@@ -36,13 +36,12 @@ from gguf_tools.names import (
     MTP_ARCHS,
     OUTPUT,
     OUTPUT_NORM,
-    PER_LAYER_KEYS,
     TOKEN_EMBD,
     block_index,
     block_suffix,
     key,
 )
-from gguf_tools.surgery import copy_kvs
+from gguf_tools.surgery import copy_kvs, layout_kvs
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +170,14 @@ def source_dims(gf: GGUFFile) -> SourceDims:
     if gf.arch_get("attention.layer_norm_rms_epsilon") is None:
         raise _refuse(gf, f"{k('attention.layer_norm_rms_epsilon')} is missing")
 
+    _refuse_unrepresentable(gf, d_k)
+    return SourceDims(arch, n_layer, n_embd, d_k, n_head, n_head_kv, n_ff[-1])
+
+
+def _refuse_unrepresentable(gf: GGUFFile, d_k: int) -> None:
+    """What the glm4moe graph cannot express: experts, rope scaling, a custom attention scale,
+    sliding windows, keys glm4moe reads differently."""
+    k = lambda name: key(gf.arch, name)  # noqa: E731
     if gf.arch_get("expert_count", 0):
         raise _refuse(
             gf,
@@ -196,7 +203,6 @@ def source_dims(gf: GGUFFile) -> SourceDims:
     for name in ("attention.sliding_window_pattern", "rope.dimension_sections", "leading_dense_block_count"):
         if gf.has(k(name)) and gf.arch_get(name) not in (False, 0):
             raise _refuse(gf, f"{k(name)} is set: glm4moe would read it differently")
-    return SourceDims(arch, n_layer, n_embd, d_k, n_head, n_head_kv, n_ff[-1])
 
 
 # ---- tensors -----------------------------------------------------------------------------------
@@ -331,21 +337,6 @@ def adopted_kvs(gf: GGUFFile, dims: SourceDims) -> list[KV]:
     return kvs
 
 
-def with_head_kvs(kvs: list[KV], n_trunk: int) -> list[KV]:
-    """block_count + 1 and nextn_predict_layers = 1 right after it, per-layer arrays extended
-    (as surgery's pack lays them out, so pack(trunk, its extracted head) gives the same file)."""
-    arrays = {key(TARGET, k) for k in PER_LAYER_KEYS}
-    out = []
-    for kv in kvs:
-        if kv.key in arrays and kv.type == GGUFValueType.ARRAY and len(kv.value) == n_trunk:
-            out.append(KV(kv.key, [*kv.value, kv.value[-1]], kv.type, kv.sub_type))  # the head is like the last block
-        elif kv.key == key(TARGET, "block_count"):
-            out += [KV(kv.key, n_trunk + 1, kv.type), _u32("nextn_predict_layers", 1)]
-        elif kv.key != key(TARGET, "nextn_predict_layers"):
-            out.append(kv)
-    return out
-
-
 def plan_adopt(gf: GGUFFile, with_head_slot: bool = False, seed: int = 0, head_type: str = "f16") -> WritePlan:
     """The whole plan, validated before a byte is written. `with_head_slot` appends a randomly
     initialised glm4moe head block (gguf_tools.glm4moe_head) for training or testing."""
@@ -369,7 +360,7 @@ def plan_adopt(gf: GGUFFile, with_head_slot: bool = False, seed: int = 0, head_t
             qkv_bias="blk.0.attn_q.bias" in gf.tensors,
         )
         tensors += head_block_tensors(dims.n_layer, hd, seed=seed, head_type=head_type)
-        kvs = with_head_kvs(kvs, dims.n_layer)
+        kvs = layout_kvs(kvs, TARGET, dims.n_layer, dims.n_layer, 1, new_head=True)
     return WritePlan(TARGET, gf.alignment, kvs, tensors)
 
 
@@ -390,7 +381,6 @@ __all__ = [
     "neox_order",
     "plan_trunk_tensors",
     "adopted_kvs",
-    "with_head_kvs",
     "plan_adopt",
     "adopt_blocker",
 ]

@@ -81,8 +81,11 @@ def _set_kv(kvs: list[KV], name: str, value: int, after: str) -> list[KV]:
     return kvs
 
 
-def _resize_layer_arrays(kvs: list[KV], arch: str, old_n: int, new_n: int, donor: dict[str, KV] | None) -> list[KV]:
-    """Per-layer arrays follow the block count: truncate, or extend from the donor's entries."""
+def _resize_layer_arrays(
+    kvs: list[KV], arch: str, old_n: int, new_n: int, donor: dict[str, KV] | None, new_head: bool
+) -> list[KV]:
+    """Per-layer arrays follow the block count: truncate, or extend from the donor's entries (a new
+    head block, which has no source: like the trunk's last block)."""
     names = {key(arch, k) for k in PER_LAYER_KEYS}
     out = []
     for kv in kvs:
@@ -96,20 +99,35 @@ def _resize_layer_arrays(kvs: list[KV], arch: str, old_n: int, new_n: int, donor
                     value += list(d.value)[old_n:new_n]
                 else:  # no donor entry: a head block is a dense attention block, like the trunk's last
                     fill = False if kv.key.endswith("recurrent_layers") else value[-1]
-                    log.warning("%s: no value for the head block in the source; using %r", kv.key, fill)
+                    if not new_head:
+                        log.warning("%s: no value for the head block in the source; using %r", kv.key, fill)
                     value += [fill] * (new_n - old_n)
             kv = KV(kv.key, value, kv.type, kv.sub_type)
         out.append(kv)
     return out
 
 
-def _layout_kvs(gf: GGUFFile, n_trunk: int, n_heads: int, donor: dict[str, KV] | None) -> list[KV]:
-    arch, old = gf.arch, gf.layout().block_count
-    kvs = _resize_layer_arrays(copy_kvs(gf), arch, old, n_trunk + n_heads, donor)
+def layout_kvs(
+    kvs: list[KV],
+    arch: str,
+    old_blocks: int,
+    n_trunk: int,
+    n_heads: int,
+    donor: dict[str, KV] | None = None,
+    new_head: bool = False,
+) -> list[KV]:
+    """`kvs` for n_trunk + n_heads blocks: block_count, nextn_predict_layers right after it (or
+    dropped), per-layer arrays resized (from the donor's entries; `new_head`: a head made here, like
+    the trunk's last block). Pack, strip, adopt's head slot and train's sidecar all lay keys out so."""
+    kvs = _resize_layer_arrays(kvs, arch, old_blocks, n_trunk + n_heads, donor, new_head)
     kvs = _set_kv(kvs, key(arch, "block_count"), n_trunk + n_heads, after="")
     if n_heads:
         return _set_kv(kvs, key(arch, "nextn_predict_layers"), n_heads, after=key(arch, "block_count"))
     return [kv for kv in kvs if kv.key != key(arch, "nextn_predict_layers")]
+
+
+def _layout_kvs(gf: GGUFFile, n_trunk: int, n_heads: int, donor: dict[str, KV] | None) -> list[KV]:
+    return layout_kvs(copy_kvs(gf), gf.arch, gf.layout().block_count, n_trunk, n_heads, donor)
 
 
 def _file_tensor(gf: GGUFFile, t: TensorEntry, name: str | None = None) -> FileTensor:

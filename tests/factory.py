@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 Arch = Literal["qwen35", "glm4moe", "llama", "qwen2", "qwen3"]
@@ -288,10 +288,20 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
             for x, n in (("q", D * H), ("k", D * Hkv), ("v", D * Hkv)):
                 t[p + f"attn_{x}.bias"] = g.normal(p + f"attn_{x}.bias", (n,), 0.5)
         if spec.arch in ("qwen35", "qwen3"):
-            t[p + "attn_q_norm.weight"] = ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_q_norm.weight", (D,), 0.2)
-            t[p + "attn_k_norm.weight"] = ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_k_norm.weight", (D,), 0.2)
-        t[p + ("ffn_norm.weight" if spec.arch in SOURCE_ARCHS and il < spec.n_trunk_layers
-               else "post_attention_norm.weight")] = ones(E)
+            t[p + "attn_q_norm.weight"] = (
+                ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_q_norm.weight", (D,), 0.2)
+            )
+            t[p + "attn_k_norm.weight"] = (
+                ones(D) if spec.arch == "qwen35" else 1 + g.normal(p + "attn_k_norm.weight", (D,), 0.2)
+            )
+        t[
+            p
+            + (
+                "ffn_norm.weight"
+                if spec.arch in SOURCE_ARCHS and il < spec.n_trunk_layers
+                else "post_attention_norm.weight"
+            )
+        ] = ones(E)
 
     def dense_ffn(il: int) -> None:
         p = f"blk.{il}."
@@ -308,8 +318,9 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
         t[p + "attn_norm.weight"] = ones(E)
         t[p + "attn_qkv.weight"] = lin(p + "attn_qkv.weight", conv_dim, E)
         t[p + "attn_gate.weight"] = lin(p + "attn_gate.weight", value_dim, E)
-        t[p + "ssm_conv1d.weight"] = g.normal(p + "ssm_conv1d.weight", (conv_dim, spec.ssm_conv_kernel),
-                                              1.0 / math.sqrt(spec.ssm_conv_kernel))
+        t[p + "ssm_conv1d.weight"] = g.normal(
+            p + "ssm_conv1d.weight", (conv_dim, spec.ssm_conv_kernel), 1.0 / math.sqrt(spec.ssm_conv_kernel)
+        )
         t[p + "ssm_dt.bias"] = g.normal(p + "ssm_dt.bias", (nv,), 0.5)
         # ssm_a = -exp(A_log): negative decay rates
         t[p + "ssm_a"] = (-np.exp(g.rng(p + "ssm_a").uniform(0.0, 1.5, nv))).astype(np.float32)
@@ -337,9 +348,13 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
         # the shared expert's down projection zero: see gguf_tools.glm4moe_head.
         from gguf_tools.glm4moe_head import single_expert_ffn
 
-        ffn = single_expert_ffn(lin(p + "ffn_gate_exps.weight", F, E), lin(p + "ffn_up_exps.weight", F, E),
-                                lin(p + "ffn_down_exps.weight", E, F, branch_out=True),
-                                lin(p + "ffn_gate_shexp.weight", F, E), lin(p + "ffn_up_shexp.weight", F, E))
+        ffn = single_expert_ffn(
+            lin(p + "ffn_gate_exps.weight", F, E),
+            lin(p + "ffn_up_exps.weight", F, E),
+            lin(p + "ffn_down_exps.weight", E, F, branch_out=True),
+            lin(p + "ffn_gate_shexp.weight", F, E),
+            lin(p + "ffn_up_shexp.weight", F, E),
+        )
         t.update({p + k: v for k, v in ffn.items()})
     if structured:
         eh = np.zeros((E, 2 * E), dtype=np.float32)
@@ -381,8 +396,11 @@ def _encode(name: str, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, QT | No
     return gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), QT.Q8_0), QT.Q8_0
 
 
-_FILE_TYPE = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+_FILE_TYPE = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
 
 
 def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:

@@ -30,23 +30,28 @@ class Crafted:
     version: int = 3
     n_tensors: int | None = None
     n_kv: int | None = None
-    kvs: list[bytes] = field(default_factory=lambda: [kv_str("general.architecture", "llama"),
-                                                       kv_u32("llama.block_count", 1)])
+    kvs: list[bytes] = field(
+        default_factory=lambda: [kv_str("general.architecture", "llama"), kv_u32("llama.block_count", 1)]
+    )
     # (name, dims, type, offset)
     tensors: list[tuple[bytes | str, list[int], int, int]] = field(
-        default_factory=lambda: [("a.weight", [8], F32, 0), ("b.weight", [8, 2], F32, 32)])
+        default_factory=lambda: [("a.weight", [8], F32, 0), ("b.weight", [8, 2], F32, 32)]
+    )
     data_bytes: int = 32 + 64
     alignment: int = 32
     cut: int | None = None  # truncate the result to this many bytes
 
     def build(self) -> bytes:
         head = self.magic + struct.pack("<I", self.version)
-        head += struct.pack("<QQ", len(self.tensors) if self.n_tensors is None else self.n_tensors,
-                            len(self.kvs) if self.n_kv is None else self.n_kv)
+        head += struct.pack(
+            "<QQ",
+            len(self.tensors) if self.n_tensors is None else self.n_tensors,
+            len(self.kvs) if self.n_kv is None else self.n_kv,
+        )
         head += b"".join(self.kvs)
         for name, dims, ttype, offset in self.tensors:
             head += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
             head += struct.pack("<IQ", ttype, offset)
         head += b"\0" * (-len(head) % self.alignment)
         out = head + bytes(range(256)) * (self.data_bytes // 256) + bytes(self.data_bytes % 256)
-        return out if self.cut is None else out[:self.cut]
+        return out if self.cut is None else out[: self.cut]

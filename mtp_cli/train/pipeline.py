@@ -152,7 +152,7 @@ def run_train(
     job.work_dir.mkdir(parents=True, exist_ok=True)
     docs, prompts = sources(job)
     stage("collect")
-    store = _collect(job, trunk_path, docs, prompts, t0, on_collect, should_stop)
+    store = _collect(job, trunk, docs, prompts, t0, on_collect, should_stop)
     stage("train")
     head, result = _train(job, trunk, store, t0, on_train, should_stop)
     stage("export")
@@ -162,7 +162,7 @@ def run_train(
 
 def _collect(
     job: TrainJob,
-    trunk_path: Path,
+    trunk: Trunk,
     docs: list[str],
     prompts: list[str],
     t0: float,
@@ -175,7 +175,7 @@ def _collect(
     if job.minutes * job.collect_share > 0 or not (data / INDEX).is_file():
         ccfg = replace(job.collect, seed=job.seed, n_threads=job.n_threads)
         store = collect(
-            trunk_path,
+            trunk.params.path,
             data,
             texts=docs,
             prompts=prompts,
@@ -184,7 +184,7 @@ def _collect(
             should_stop=lambda: time.monotonic() >= collect_until or bool(should_stop and should_stop()),
         )
     else:  # no time to collect: train on (or export from) what the work folder holds
-        store = Store.open(data)
+        store = Store.open(data, (trunk.params.dims.n_embd, job.collect.top_k, trunk.params.n_vocab))
     if should_stop and should_stop():
         raise KeyboardInterrupt
     if not store.split("train"):

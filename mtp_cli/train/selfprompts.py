@@ -21,7 +21,7 @@ from gguf_tools.atomic import write_text
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli.chat import chat_prompt
 from mtp_cli.runtime import Runtime
-from mtp_cli.train.collect import BatchedAnswerer, run_answerers
+from mtp_cli.train.answers import BatchedAnswerer, run_answerers
 
 # Opening phrases, steering kinds without fixing subjects; "" lets the model choose freely.
 STARTERS: tuple[str, ...] = (
@@ -162,8 +162,8 @@ def generate_prompts(
     should_stop: Callable[[], bool] | None = None,
 ) -> list[str]:
     """`cfg.n` distinct user prompts sampled from the model (the same for a seed, up to batched
-    kernels' rounding), none equal (case and spacing aside) to one of `exclude` (say, held-out evaluation prompts).
-    Raises ChatTemplateError when the model has no chat template."""
+    kernels' rounding), none equal (case and spacing aside) to one of `exclude` (say, held-out
+    evaluation prompts). Raises ChatTemplateError when the model has no chat template."""
     rt = Runtime(model_path, spec_type="none")
     answerers: list[BatchedAnswerer] = []
     seen = {normalized(e) for e in exclude}
@@ -195,18 +195,12 @@ def generate_prompts(
             if progress:
                 progress(SelfPromptProgress(len(results), tried, cfg.n))
 
-        for _ in range(max(1, cfg.n_threads)):
-            answerers.append(
-                BatchedAnswerer(
-                    rt.model,
-                    max_len=max_len,
-                    top_k=cfg.top_k,
-                    n_seq=cfg.n_seq,
-                    n_threads=1,
-                    temp=cfg.temp,
-                    seed=cfg.seed,
-                )
+        answerers = [
+            BatchedAnswerer(
+                rt.model, max_len=max_len, top_k=cfg.top_k, n_seq=cfg.n_seq, n_threads=1, temp=cfg.temp, seed=cfg.seed
             )
+            for _ in range(max(1, cfg.n_threads))
+        ]
         # no early stop once enough are kept: the jobs in flight finish, so the first n by job order are
         # the same whatever the threads' timing
         run_answerers(answerers, jobs(), done, should_stop)

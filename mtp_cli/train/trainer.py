@@ -29,17 +29,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gguf_tools.atomic import atomic_output
 from mtp_cli.errors import TrainDataError
+from mtp_cli.train.batches import LOSSES, Batcher, feature_loss
+from mtp_cli.train.batches import loss as loss_fn
 from mtp_cli.train.data import Store
 from mtp_cli.train.head import MtpHead
-
-LOSSES = ("kl", "ce", "mix")
 
 
 @dataclass(frozen=True)
@@ -91,71 +91,6 @@ class TrainResult:
     fit: tuple[float, float] | None = None  # the same on training rows: far above `final`, more data beats more steps
 
 
-class Batcher:
-    """Whole sequences from the store as padded tensors."""
-
-    def __init__(self, store: Store):
-        self.store = store
-
-    def make(self, seqs: list[dict], prompt_weight: float = 1.0) -> dict[str, torch.Tensor]:
-        """`weight`: 1 on answer and text rows, `prompt_weight` on a prompt's own rows (never drafted at
-        decode time); `answer`: the rows decode-time drafting sees (answers, or whole text windows)."""
-        T = max(s["len"] for s in seqs)
-        B, E, K = len(seqs), self.store.E, self.store.K
-        tokens = np.zeros((B, T), np.int64)
-        hprev = np.zeros((B, T, E), np.float32)
-        hcur = np.zeros((B, T, E), np.float32)
-        ids = np.zeros((B, T, K), np.int64)
-        lp = np.full((B, T, K), -1e4, np.float32)
-        valid = np.zeros((B, T), bool)
-        answer = np.zeros((B, T), bool)
-        for b, s in enumerate(seqs):
-            d = self.store.sequence(s)
-            n = s["len"]
-            tokens[b, :n] = d["tokens"]
-            hprev[b, 1:n] = d["h"][: n - 1]
-            hcur[b, :n] = d["h"][:n]
-            ids[b, :n] = d["topk_id"]
-            lp[b, :n] = d["topk_lp"]
-            valid[b, :n] = True
-            answer[b, s.get("n_prompt", 0) : n] = True
-        valid2 = np.zeros_like(valid)
-        valid2[:, 1:] = valid[:, 1:] & (tokens[:, 1:] == ids[:, :-1, 0])  # x_j is the trunk's greedy after j-1
-        t = torch.from_numpy
-        weight = np.where(answer, 1.0, prompt_weight).astype(np.float32)
-        return {
-            "tokens": t(tokens),
-            "hprev": t(hprev),
-            "hcur": t(hcur),
-            "ids": t(ids),
-            "lp": t(lp),
-            "valid": t(valid),
-            "valid2": t(valid2),
-            "answer": t(answer),
-            "weight": t(weight),
-        }
-
-
-def _feature_loss(hout: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Smooth-L1 between the head's h and the trunk's h of the same row (EAGLE's feature regression),
-    weighted mean over rows."""
-    w = w / w.sum().clamp_min(1e-6)
-    return (F.smooth_l1_loss(hout, h, reduction="none").mean(-1) * w).sum()
-
-
-def _loss(logits: torch.Tensor, ids: torch.Tensor, lp: torch.Tensor, kind: str, w: torch.Tensor) -> torch.Tensor:
-    """Weighted mean over rows (weights `w`); `ids` index the columns of `logits` (the vocabulary, or
-    the sampled candidates)."""
-    logq = torch.log_softmax(logits, dim=-1)
-    w = w / w.sum().clamp_min(1e-6)
-    ce = -(logq.gather(-1, ids[:, :1]).squeeze(-1) * w).sum()
-    if kind == "ce":
-        return ce
-    p = torch.softmax(lp, dim=-1)  # the trunk's top-K, renormalised
-    kl = -((p * logq.gather(-1, ids)).sum(-1) * w).sum()
-    return kl if kind == "kl" else 0.5 * (kl + ce)
-
-
 def _leading(seqs: list[dict], rows: int) -> list[dict]:
     """The first sequences of `seqs` until `rows` rows are reached."""
     out, n = [], 0
@@ -165,6 +100,35 @@ def _leading(seqs: list[dict], rows: int) -> list[dict]:
         out.append(s)
         n += s["len"]
     return out
+
+
+@dataclass
+class _Run:
+    """One run's clock and counts."""
+
+    t0: float
+    budget: float
+    init: tuple[float, float]  # held-out top-1 (step 1, step 2) at the start
+    last: tuple[float, float] = (0.0, 0.0)
+    losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    rows: int = 0
+    t_train: float = 0.0  # seconds inside optimiser steps
+
+    def __post_init__(self) -> None:
+        self.last = self.init
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def per_s(self, n: int) -> float:
+        return n / self.t_train if self.t_train else 0.0
+
+    def add(self, loss: float, rows: int, secs: float) -> None:
+        self.losses.append(loss)
+        self.steps += 1
+        self.rows += rows
+        self.t_train += secs
 
 
 class Trainer:
@@ -266,15 +230,15 @@ class Trainer:
         hout, k, v = head(b["tokens"], b["hprev"])
         m = b["valid"]
         cols, ids = self._columns(b["ids"])
-        loss = _loss(head.logits(hout[m], cols), ids[m], b["lp"][m], cfg.loss, b["weight"][m])
+        loss = loss_fn(head.logits(hout[m], cols), ids[m], b["lp"][m], cfg.loss, b["weight"][m])
         if cfg.feature_weight:  # hout should be the trunk's own h of the row: it is step 2's input
-            loss = loss + cfg.feature_weight * _feature_loss(hout[m], b["hcur"][m], b["weight"][m])
+            loss = loss + cfg.feature_weight * feature_loss(hout[m], b["hcur"][m], b["weight"][m])
         rows = int(m.sum())
         m2 = b["valid2"]
         if (cfg.unroll if unroll is None else unroll) and bool(m2.any()):
             h2 = torch.cat([torch.zeros_like(hout[:, :1]), hout[:, :-1]], dim=1)
             hout2 = head.step2(b["tokens"], h2, k, v)
-            loss = loss + cfg.step2_weight * _loss(
+            loss = loss + cfg.step2_weight * loss_fn(
                 head.logits(hout2[m2], cols), ids[m2], b["lp"][m2], cfg.loss, b["weight"][m2]
             )
             rows += int(m2.sum())
@@ -321,100 +285,70 @@ class Trainer:
         torch.set_num_threads(max(1, cfg.n_threads))
         budget = cfg.minutes * 60.0 if cfg.minutes > 0 else math.inf
         total_budget = self.elapsed_total + budget if math.isfinite(budget) else 0.0  # 0: no decay
-        t0 = time.perf_counter()
         init = self.evaluate() if self.heldout else (0.0, 0.0)
-        last = init
-        self.history.append(
-            {
-                "step": self.step,
-                "elapsed_total": self.elapsed_total,
-                "heldout_top1": init[0],
-                "heldout_top1_step2": init[1],
-            }
-        )
-        t_eval = t_ckpt = time.perf_counter()
-        losses: list[float] = []
-        rows_done = steps_done = 0
-        t_train = 0.0
-        head = self.head
-        head.train()
-
-        def elapsed() -> float:
-            return time.perf_counter() - t0
+        r = _Run(time.perf_counter(), budget, init)
+        self._record(r, loss=False)
+        self.head.train()
 
         def report(final: bool = False) -> None:
             if progress:
+                loss = float(np.mean(r.losses[-20:])) if r.losses else math.nan
                 progress(
                     TrainProgress(
                         self.step,
-                        elapsed(),
-                        float(np.mean(losses[-20:])) if losses else math.nan,
-                        last[0],
-                        last[1],
-                        steps_done / t_train if t_train else 0.0,
-                        rows_done / t_train if t_train else 0.0,
+                        r.elapsed(),
+                        loss,
+                        r.last[0],
+                        r.last[1],
+                        r.per_s(r.steps),
+                        r.per_s(r.rows),
                         budget,
                         final,
                     )
                 )
 
         report()
-        while True:
-            if cfg.max_steps is not None and steps_done >= cfg.max_steps:
-                break
-            if elapsed() >= budget or (should_stop and should_stop()):
+        t_eval = t_ckpt = time.perf_counter()
+        while not (cfg.max_steps is not None and r.steps >= cfg.max_steps) and r.elapsed() < budget:
+            if should_stop and should_stop():
                 break
             ts = time.perf_counter()
-            frac = (self.elapsed_total + elapsed()) / total_budget if total_budget > 0 else 0.0
-            loss, rows = self._one_step(frac, steps_done)
-            steps_done += 1
-            rows_done += rows
-            t_train += time.perf_counter() - ts
-            losses.append(loss)
+            loss, rows = self._one_step(
+                (self.elapsed_total + r.elapsed()) / total_budget if total_budget > 0 else 0.0, r.steps
+            )
+            r.add(loss, rows, time.perf_counter() - ts)
             now = time.perf_counter()
             if self.heldout and now - t_eval >= cfg.eval_every_s:
-                last = self.evaluate()
+                r.last = self.evaluate()
                 t_eval = time.perf_counter()
-                self.history.append(
-                    {
-                        "step": self.step,
-                        "elapsed_total": self.elapsed_total + elapsed(),
-                        "loss": losses[-1],
-                        "heldout_top1": last[0],
-                        "heldout_top1_step2": last[1],
-                    }
-                )
+                self._record(r)
             if now - t_ckpt >= cfg.ckpt_every_s:
-                self._save_at(elapsed())
+                self._save_at(r.elapsed())
                 t_ckpt = time.perf_counter()
             report()
+        return self._end(r, report)
+
+    def _end(self, r: _Run, report: Callable[..., None]) -> TrainResult:
+        """The run's last evaluation, record and checkpoint; its result."""
         if self.heldout:
-            last = self.evaluate()
-        self.history.append(
-            {
-                "step": self.step,
-                "elapsed_total": self.elapsed_total + elapsed(),
-                "loss": losses[-1] if losses else None,
-                "heldout_top1": last[0],
-                "heldout_top1_step2": last[1],
-            }
-        )
-        secs = elapsed()
+            r.last = self.evaluate()
+        self._record(r)
+        secs = r.elapsed()
         self._save_at(secs)
         self.elapsed_total += secs
         fit = self.evaluate(self.fit_probe) if self.heldout else None  # only worth reading beside held-out
         report(final=True)
-        head.eval()
-        return TrainResult(
-            steps_done,
-            secs,
-            steps_done / t_train if t_train else 0.0,
-            rows_done / t_train if t_train else 0.0,
-            init,
-            last,
-            list(self.history),
-            fit,
-        )
+        self.head.eval()
+        return TrainResult(r.steps, secs, r.per_s(r.steps), r.per_s(r.rows), r.init, r.last, list(self.history), fit)
+
+    def _record(self, r: _Run, loss: bool = True) -> None:
+        entry: dict[str, Any] = {
+            "step": self.step,
+            "elapsed_total": self.elapsed_total + (r.elapsed() if loss else 0.0),
+        }
+        if loss:
+            entry["loss"] = r.losses[-1] if r.losses else None
+        self.history.append({**entry, "heldout_top1": r.last[0], "heldout_top1_step2": r.last[1]})
 
     def _one_step(self, frac: float, steps_done: int) -> tuple[float, int]:
         """One optimiser step on a random batch at run fraction `frac`: (its loss, rows trained)."""

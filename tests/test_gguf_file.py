@@ -23,30 +23,56 @@ def _nested_bomb() -> bytes:
     return body + struct.pack("<IQ", UINT32, 1) + struct.pack("<I", 7)
 
 
+def _big_endian() -> bytes:
+    """A well-formed GGUF written big-endian (gguf-py can write them): its tensor bytes would be
+    copied or loaded as if little-endian."""
+    be = lambda fmt, *v: struct.pack(">" + fmt, *v)  # noqa: E731
+    bs = lambda t: be("Q", len(t)) + t  # noqa: E731
+    head = b"GGUF" + be("I", 3) + be("QQ", 1, 1)
+    head += bs(b"general.architecture") + be("I", STRING) + bs(b"llama")
+    head += bs(b"a.weight") + be("I", 1) + be("Q", 8) + be("IQ", F32, 0)
+    head += b"\0" * (-len(head) % 32)
+    return head + struct.pack(">8f", *range(8))
+
+
 CASES: dict[str, tuple[Crafted | bytes, str]] = {
+    "big-endian": (_big_endian(), "big-endian"),
     "empty": (b"", "only 0 bytes"),
     "text file": (b"hello, this is not a model at all\n" * 3, "bad magic"),
     "gguf v1": (Crafted(version=1), "unsupported GGUF version 1"),
     "gguf v99": (Crafted(version=99), "unsupported GGUF version 99"),
     "absurd kv count": (Crafted(n_kv=2**62), "more than the file can hold"),
     "absurd tensor count": (Crafted(n_tensors=2**61), "more than the file can hold"),
-    "string length past end": (Crafted(kvs=[s("general.architecture") + struct.pack("<I", STRING) + s("llama", 2**40)]),
-                               "runs past the end"),
-    "array count past end": (Crafted(kvs=[kv_str("general.architecture", "llama"),
-                                          s("x") + struct.pack("<IIQ", ARRAY, UINT32, 2**60)]), "runs past the end"),
-    "string array count past end": (Crafted(kvs=[kv_str("general.architecture", "llama"),
-                                                 s("x") + struct.pack("<IIQ", ARRAY, STRING, 2**59)]),
-                                    "more than the file can hold"),
-    "unknown value type": (Crafted(kvs=[kv_str("general.architecture", "llama"), s("x") + struct.pack("<I", 99)]),
-                           "unknown value type 99"),
+    "string length past end": (
+        Crafted(kvs=[s("general.architecture") + struct.pack("<I", STRING) + s("llama", 2**40)]),
+        "runs past the end",
+    ),
+    "array count past end": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), s("x") + struct.pack("<IIQ", ARRAY, UINT32, 2**60)]),
+        "runs past the end",
+    ),
+    "string array count past end": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), s("x") + struct.pack("<IIQ", ARRAY, STRING, 2**59)]),
+        "more than the file can hold",
+    ),
+    "unknown value type": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), s("x") + struct.pack("<I", 99)]),
+        "unknown value type 99",
+    ),
     "nested arrays": (Crafted(kvs=[kv_str("general.architecture", "llama"), _nested_bomb()]), "nests arrays"),
-    "non-utf8 key": (Crafted(kvs=[kv_str("general.architecture", "llama"), kv_str(b"bad\xff\xfekey", "v")]),
-                     "not valid UTF-8"),
+    "non-utf8 key": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), kv_str(b"bad\xff\xfekey", "v")]),
+        "not valid UTF-8",
+    ),
     "non-utf8 value": (Crafted(kvs=[kv_str("general.architecture", b"lla\xc3ma")]), "not valid UTF-8"),
-    "duplicate key": (Crafted(kvs=[kv_str("general.architecture", "llama"), kv_u32("a", 1), kv_u32("a", 2)]),
-                      "appears twice"),
-    "bad alignment": (Crafted(kvs=[kv_str("general.architecture", "llama"), kv_u32("general.alignment", 24)]),
-                      "power-of-two"),
+    "duplicate key": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), kv_u32("a", 1), kv_u32("a", 2)]),
+        "appears twice",
+    ),
+    "bad alignment": (
+        Crafted(kvs=[kv_str("general.architecture", "llama"), kv_u32("general.alignment", 24)]),
+        "power-of-two",
+    ),
     "unknown tensor type": (Crafted(tensors=[("a.weight", [8], 200, 0)]), "unknown type 200"),
     "zero rank": (Crafted(tensors=[("a.weight", [], F32, 0)]), "0 dimensions"),
     "rank 9": (Crafted(tensors=[("a.weight", [1] * 9, F32, 0)]), "9 dimensions"),
@@ -129,3 +155,15 @@ def test_missing_and_folder(tmp_path: Path):
     assert r.exit_code == 2 and "no such file" in r.output
     r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert r.exit_code == 2 and "not a regular file" in r.output
+
+
+def test_a_big_endian_file_is_well_formed_but_refused(tmp_path: Path):
+    """The prescan reads it (so the refusal is about byte order, not structure); opening refuses it."""
+    from gguf_tools.gguf_file import prescan
+
+    p = tmp_path / "be.gguf"
+    p.write_bytes(_big_endian())
+    scan = prescan(p)
+    assert scan.byteorder == ">" and [t.name for t in scan.tensors] == ["a.weight"]
+    with pytest.raises(BadFileError, match="big-endian.*gguf_convert_endian"):
+        open_gguf(p)

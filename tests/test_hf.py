@@ -19,7 +19,7 @@ from safetensors import serialize_file
 
 try:
     from safetensors import TensorSpec
-except ImportError:     # safetensors < 0.8
+except ImportError:  # safetensors < 0.8
     TensorSpec = None
 
 from gguf_tools import hf as hf_heads
@@ -27,8 +27,8 @@ from gguf_tools.errors import BadFileError, MismatchError
 from gguf_tools.hf import find_safetensors, is_safetensors_source, read_hf_heads
 from gguf_tools.hf.files import Catalog
 
-H, V = 64, 300                 # n_embd, n_vocab
-NH, NKV, HD = 4, 2, 16         # heads, kv heads, head dim
+H, V = 64, 300  # n_embd, n_vocab
+NH, NKV, HD = 4, 2, 16  # heads, kv heads, head dim
 FF, E, FFE, FFSH = 128, 4, 32, 48
 N_TRUNK = 2
 
@@ -57,14 +57,14 @@ def save(path: Path, tensors: dict[str, np.ndarray], bf16: bool | set[str] = Fal
 
 
 def spec(dtype: str, shape, raw: np.ndarray):
-    if TensorSpec is None:      # safetensors < 0.8 takes plain dicts
+    if TensorSpec is None:  # safetensors < 0.8 takes plain dicts
         return {"dtype": dtype, "shape": list(shape), "data": raw.tobytes()}
     return TensorSpec(dtype=dtype, shape=list(shape), data_ptr=raw.ctypes.data, data_len=raw.nbytes)
 
 
 def ne_ok(shape: tuple[int, ...], ne: tuple[int, ...]) -> bool:
     got = tuple(reversed(shape))
-    return got[:len(ne)] == ne and all(d == 1 for d in got[len(ne):])
+    return got[: len(ne)] == ne and all(d == 1 for d in got[len(ne) :])
 
 
 def by_name(heads) -> dict[str, np.ndarray]:
@@ -94,27 +94,36 @@ def qwen_mtp(moe: str | None = None, mtp: str = "mtp.") -> dict[str, np.ndarray]
         f"{mtp}norm.weight": rnd(H),
     }
     p = f"{mtp}layers.0."
-    t.update({
-        p + "input_layernorm.weight": rnd(H),
-        p + "post_attention_layernorm.weight": rnd(H),
-        p + "self_attn.q_proj.weight": rnd(2 * NH * HD, H),     # q and gate together
-        p + "self_attn.k_proj.weight": rnd(NKV * HD, H),
-        p + "self_attn.v_proj.weight": rnd(NKV * HD, H),
-        p + "self_attn.o_proj.weight": rnd(H, NH * HD),
-        p + "self_attn.q_norm.weight": rnd(HD),
-        p + "self_attn.k_norm.weight": rnd(HD),
-    })
+    t.update(
+        {
+            p + "input_layernorm.weight": rnd(H),
+            p + "post_attention_layernorm.weight": rnd(H),
+            p + "self_attn.q_proj.weight": rnd(2 * NH * HD, H),  # q and gate together
+            p + "self_attn.k_proj.weight": rnd(NKV * HD, H),
+            p + "self_attn.v_proj.weight": rnd(NKV * HD, H),
+            p + "self_attn.o_proj.weight": rnd(H, NH * HD),
+            p + "self_attn.q_norm.weight": rnd(HD),
+            p + "self_attn.k_norm.weight": rnd(HD),
+        }
+    )
     if moe is None:
-        t.update({p + "mlp.gate_proj.weight": rnd(FF, H), p + "mlp.up_proj.weight": rnd(FF, H),
-                  p + "mlp.down_proj.weight": rnd(H, FF)})
+        t.update(
+            {
+                p + "mlp.gate_proj.weight": rnd(FF, H),
+                p + "mlp.up_proj.weight": rnd(FF, H),
+                p + "mlp.down_proj.weight": rnd(H, FF),
+            }
+        )
         return t
-    t.update({
-        p + "mlp.gate.weight": rnd(E, H),
-        p + "mlp.shared_expert.gate_proj.weight": rnd(FFSH, H),
-        p + "mlp.shared_expert.up_proj.weight": rnd(FFSH, H),
-        p + "mlp.shared_expert.down_proj.weight": rnd(H, FFSH),
-        p + "mlp.shared_expert_gate.weight": rnd(1, H),
-    })
+    t.update(
+        {
+            p + "mlp.gate.weight": rnd(E, H),
+            p + "mlp.shared_expert.gate_proj.weight": rnd(FFSH, H),
+            p + "mlp.shared_expert.up_proj.weight": rnd(FFSH, H),
+            p + "mlp.shared_expert.down_proj.weight": rnd(H, FFSH),
+            p + "mlp.shared_expert_gate.weight": rnd(1, H),
+        }
+    )
     for x in range(E):
         t[p + f"mlp.experts.{x}.gate_proj.weight"] = rnd(FFE, H)
         t[p + f"mlp.experts.{x}.up_proj.weight"] = rnd(FFE, H)
@@ -145,18 +154,23 @@ QWEN_ATTN_NE = {
     f"blk.{B}.attn_q_norm.weight": (HD,),
     f"blk.{B}.attn_k_norm.weight": (HD,),
 }
-QWEN_DENSE_NE = {**QWEN_ATTN_NE,
-                 f"blk.{B}.ffn_gate.weight": (H, FF), f"blk.{B}.ffn_up.weight": (H, FF),
-                 f"blk.{B}.ffn_down.weight": (FF, H)}
-QWEN_MOE_NE = {**QWEN_ATTN_NE,
-               f"blk.{B}.ffn_gate_inp.weight": (H, E),
-               f"blk.{B}.ffn_down_exps.weight": (FFE, H, E),
-               f"blk.{B}.ffn_gate_exps.weight": (H, FFE, E),
-               f"blk.{B}.ffn_up_exps.weight": (H, FFE, E),
-               f"blk.{B}.ffn_gate_inp_shexp.weight": (H,),
-               f"blk.{B}.ffn_gate_shexp.weight": (H, FFSH),
-               f"blk.{B}.ffn_up_shexp.weight": (H, FFSH),
-               f"blk.{B}.ffn_down_shexp.weight": (FFSH, H)}
+QWEN_DENSE_NE = {
+    **QWEN_ATTN_NE,
+    f"blk.{B}.ffn_gate.weight": (H, FF),
+    f"blk.{B}.ffn_up.weight": (H, FF),
+    f"blk.{B}.ffn_down.weight": (FF, H),
+}
+QWEN_MOE_NE = {
+    **QWEN_ATTN_NE,
+    f"blk.{B}.ffn_gate_inp.weight": (H, E),
+    f"blk.{B}.ffn_down_exps.weight": (FFE, H, E),
+    f"blk.{B}.ffn_gate_exps.weight": (H, FFE, E),
+    f"blk.{B}.ffn_up_exps.weight": (H, FFE, E),
+    f"blk.{B}.ffn_gate_inp_shexp.weight": (H,),
+    f"blk.{B}.ffn_gate_shexp.weight": (H, FFSH),
+    f"blk.{B}.ffn_up_shexp.weight": (H, FFSH),
+    f"blk.{B}.ffn_down_shexp.weight": (FFSH, H),
+}
 
 # HF name (relative to mtp.) -> GGUF name, and whether the converter adds 1 (qwen.py:401-402)
 QWEN_PAIRS = [
@@ -196,7 +210,7 @@ def test_qwen35_dense_names_shapes_norm_plus_one_and_trunk_not_read(tmp_path, mo
     for hf, gg, plus in QWEN_PAIRS:
         np.testing.assert_array_equal(got[f"blk.{B}.{gg}"], mtp["mtp." + hf] + (1 if plus else 0), err_msg=hf)
     assert all(d.dtype == np.float32 for d in got.values())
-    assert sorted(read) == sorted(mtp)          # only MTP tensors were read
+    assert sorted(read) == sorted(mtp)  # only MTP tensors were read
     assert [h.name for h in heads] == sorted(h.name for h in heads)
 
 
@@ -210,10 +224,10 @@ def test_qwen35_bf16_and_f16(tmp_path):
         if "k_norm" in hf:
             continue
         a = got[f"blk.{B}.{gg}"]
-        assert a.dtype == np.float32                     # bf16 -> f32 before +1, as base.py:1064
+        assert a.dtype == np.float32  # bf16 -> f32 before +1, as base.py:1064
         np.testing.assert_array_equal(a, mtp["mtp." + hf] + (1 if plus else 0))
     k_norm = got[f"blk.{B}.attn_k_norm.weight"]
-    assert k_norm.dtype == np.float16                    # f16 kept, +1 in f16
+    assert k_norm.dtype == np.float16  # f16 kept, +1 in f16
     np.testing.assert_array_equal(k_norm, (mtp["mtp.layers.0.self_attn.k_norm.weight"] + 1).astype(np.float16))
     assert got[f"blk.{B}.attn_v.weight"].dtype == np.float16
 
@@ -229,7 +243,7 @@ def test_qwen35moe_per_expert_stacking(tmp_path):
         for x in range(E):
             np.testing.assert_array_equal(got[f"blk.{B}.{gg}.weight"][x], mtp[p + f"experts.{x}.{w}.weight"])
     np.testing.assert_array_equal(got[f"blk.{B}.ffn_gate_inp_shexp.weight"], mtp[p + "shared_expert_gate.weight"])
-    assert got[f"blk.{B}.ffn_gate_inp_shexp.weight"].shape == (1, H)   # kept [1, n_embd], as the converter does
+    assert got[f"blk.{B}.ffn_gate_inp_shexp.weight"].shape == (1, H)  # kept [1, n_embd], as the converter does
     np.testing.assert_array_equal(got[f"blk.{B}.ffn_gate_inp.weight"], mtp[p + "gate.weight"])
 
 
@@ -302,23 +316,28 @@ def glm_layer(i: int, nextn: bool) -> dict[str, np.ndarray]:
         t[p + f"mlp.experts.{x}.up_proj.weight"] = rnd(FFE, H)
         t[p + f"mlp.experts.{x}.down_proj.weight"] = rnd(H, FFE)
     if nextn:
-        t.update({
-            p + "eh_proj.weight": rnd(H, 2 * H),
-            p + "enorm.weight": rnd(H),
-            p + "hnorm.weight": rnd(H),
-            p + "embed_tokens.weight": rnd(V, H),
-            p + "shared_head.head.weight": rnd(V, H),
-            p + "shared_head.norm.weight": rnd(H),
-        })
+        t.update(
+            {
+                p + "eh_proj.weight": rnd(H, 2 * H),
+                p + "enorm.weight": rnd(H),
+                p + "hnorm.weight": rnd(H),
+                p + "embed_tokens.weight": rnd(V, H),
+                p + "shared_head.head.weight": rnd(V, H),
+                p + "shared_head.norm.weight": rnd(H),
+            }
+        )
     return t
 
 
 GLM_NE = {
     f"blk.{B}.attn_norm.weight": (H,),
     f"blk.{B}.post_attention_norm.weight": (H,),
-    f"blk.{B}.attn_q.weight": (H, NH * HD), f"blk.{B}.attn_q.bias": (NH * HD,),
-    f"blk.{B}.attn_k.weight": (H, NKV * HD), f"blk.{B}.attn_k.bias": (NKV * HD,),
-    f"blk.{B}.attn_v.weight": (H, NKV * HD), f"blk.{B}.attn_v.bias": (NKV * HD,),
+    f"blk.{B}.attn_q.weight": (H, NH * HD),
+    f"blk.{B}.attn_q.bias": (NH * HD,),
+    f"blk.{B}.attn_k.weight": (H, NKV * HD),
+    f"blk.{B}.attn_k.bias": (NKV * HD,),
+    f"blk.{B}.attn_v.weight": (H, NKV * HD),
+    f"blk.{B}.attn_v.bias": (NKV * HD,),
     f"blk.{B}.attn_output.weight": (NH * HD, H),
     f"blk.{B}.ffn_gate_inp.weight": (H, E),
     f"blk.{B}.exp_probs_b.bias": (E,),
@@ -339,15 +358,23 @@ GLM_NE = {
 
 def glm_checkpoint(tmp_path: Path, write_trunk_shard: bool) -> tuple[Path, dict, dict]:
     """3 shards + index: trunk / nextn attention+norms / nextn experts."""
-    trunk = {"model.embed_tokens.weight": rnd(V, H), "model.norm.weight": rnd(H), "lm_head.weight": rnd(V, H),
-             **glm_layer(0, False), **glm_layer(1, False)}
+    trunk = {
+        "model.embed_tokens.weight": rnd(V, H),
+        "model.norm.weight": rnd(H),
+        "lm_head.weight": rnd(V, H),
+        **glm_layer(0, False),
+        **glm_layer(1, False),
+    }
     head = glm_layer(N_TRUNK, True)
     experts = {k: v for k, v in head.items() if ".mlp.experts." in k}
     rest = {k: v for k, v in head.items() if k not in experts}
     d = tmp_path / "glm"
     d.mkdir()
-    shards = {"model-00001-of-00003.safetensors": trunk, "model-00002-of-00003.safetensors": rest,
-              "model-00003-of-00003.safetensors": experts}
+    shards = {
+        "model-00001-of-00003.safetensors": trunk,
+        "model-00002-of-00003.safetensors": rest,
+        "model-00003-of-00003.safetensors": experts,
+    }
     for name, tensors in shards.items():
         if write_trunk_shard or tensors is not trunk:
             save(d / name, tensors, bf16=True)
@@ -366,11 +393,13 @@ def test_glm4moe_sharded_index_trunk_shard_absent(tmp_path):
     got = by_name(heads)
     p = f"model.layers.{B}."
     np.testing.assert_array_equal(got[f"blk.{B}.exp_probs_b.bias"], head[p + "mlp.gate.e_score_correction_bias"])
-    np.testing.assert_array_equal(got[f"blk.{B}.nextn.enorm.weight"], head[p + "enorm.weight"])   # no +1 for GLM
+    np.testing.assert_array_equal(got[f"blk.{B}.nextn.enorm.weight"], head[p + "enorm.weight"])  # no +1 for GLM
     np.testing.assert_array_equal(got[f"blk.{B}.attn_norm.weight"], head[p + "input_layernorm.weight"])
     np.testing.assert_array_equal(got[f"blk.{B}.nextn.shared_head_head.weight"], head[p + "shared_head.head.weight"])
     for x in range(E):
-        np.testing.assert_array_equal(got[f"blk.{B}.ffn_down_exps.weight"][x], head[p + f"mlp.experts.{x}.down_proj.weight"])
+        np.testing.assert_array_equal(
+            got[f"blk.{B}.ffn_down_exps.weight"][x], head[p + f"mlp.experts.{x}.down_proj.weight"]
+        )
 
 
 def test_glm4moe_full_single_file_skips_trunk(tmp_path):
@@ -471,8 +500,13 @@ def test_deepseek2_kv_b_split(tmp_path, config):
     head = ds_layer(N_TRUNK)
     f = save(tmp_path / "model.safetensors", {"model.embed_tokens.weight": rnd(V, H), **head})
     if config:
-        cfg = {"num_attention_heads": NH, "num_key_value_heads": NH, "qk_nope_head_dim": NOPE,
-               "v_head_dim": VD if config == "good" else VD + 2, "qk_rope_head_dim": ROPE}
+        cfg = {
+            "num_attention_heads": NH,
+            "num_key_value_heads": NH,
+            "qk_nope_head_dim": NOPE,
+            "v_head_dim": VD if config == "good" else VD + 2,
+            "qk_rope_head_dim": ROPE,
+        }
         (tmp_path / "config.json").write_text(json.dumps(cfg))
     if config == "bad":
         with pytest.raises(MismatchError, match="config.json"):
@@ -482,7 +516,7 @@ def test_deepseek2_kv_b_split(tmp_path, config):
     check_shapes(heads, DS_NE)
     got = by_name(heads)
     kv_b = head[f"model.layers.{B}.self_attn.kv_b_proj.weight"].reshape(NH, NOPE + VD, KV_LORA)
-    for h in range(NH):   # deepseek.py:444-446
+    for h in range(NH):  # deepseek.py:444-446
         np.testing.assert_array_equal(got[f"blk.{B}.attn_k_b.weight"][h], kv_b[h, :NOPE, :].T)
         np.testing.assert_array_equal(got[f"blk.{B}.attn_v_b.weight"][h], kv_b[h, NOPE:, :])
     assert got[f"blk.{B}.attn_k_b.weight"].flags.c_contiguous
@@ -497,8 +531,10 @@ def test_error_missing_path(tmp_path):
     assert e.value.path == tmp_path / "nope.safetensors"
 
 
-@pytest.mark.parametrize("content, msg", [(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64, "GGUF"),
-                                          (b"hello, world, not tensors at all", "not a safetensors")])
+@pytest.mark.parametrize(
+    "content, msg",
+    [(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64, "GGUF"), (b"hello, world, not tensors at all", "not a safetensors")],
+)
 def test_error_not_safetensors(tmp_path, content, msg):
     f = tmp_path / "x.bin"
     f.write_bytes(content)
@@ -512,7 +548,7 @@ def test_error_not_safetensors(tmp_path, content, msg):
 def test_error_truncated(tmp_path, cut):
     f = save(tmp_path / "m.safetensors", qwen_mtp())
     data = f.read_bytes()
-    f.write_bytes(data[:-cut])     # header intact, data short: safetensors itself refuses to open it
+    f.write_bytes(data[:-cut])  # header intact, data short: safetensors itself refuses to open it
     with pytest.raises(BadFileError, match="truncated or corrupt") as e:
         read_hf_heads([f], "qwen35", N_TRUNK)
     assert e.value.path == f and "\n" not in str(e.value)
@@ -523,7 +559,7 @@ def test_own_size_check_on_truncated_file(tmp_path, monkeypatch):
     f = save(tmp_path / "m.safetensors", qwen_mtp())
     size = f.stat().st_size
     cat = Catalog([f], contextlib.ExitStack())
-    cat._check_size(f)                                  # intact: fine
+    cat._check_size(f)  # intact: fine
     monkeypatch.setattr(Path, "stat", lambda self, **kw: os.stat_result((0,) * 6 + (size - 10,) + (0,) * 3))
     with pytest.raises(BadFileError, match=f"up to byte {size}, the file has {size - 10} bytes"):
         cat._check_size(f)

@@ -1,0 +1,175 @@
+"""The adaptive controller (mtp_cli.speed.adaptive) on its own, with injected costs (never wall time),
+and auto / adaptive in the runtime (mtp_cli.speed.auto): plain decoding's tokens, learning kept
+across generations, the tuned profile when there is one. One thread.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from mtp_cli.runtime import Runtime
+from mtp_cli.speed import profiles
+from mtp_cli.speed.adaptive import AdaptiveController
+from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
+from tests.speedkit import FLAT, _profile, greedy, run_cli, tokens
+
+
+@pytest.fixture(scope="session")
+def models(tiny_models):
+    return lambda arch="glm4moe", **kw: tiny_models(arch, "structured", "q8_0", **kw)
+
+
+def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    k = a = -1
+    ctl.begin(0.0)
+    for done in range(steps):
+        n = ctl.step(k, a, 0.0, done)  # (answered without looking while drafting is off)
+        if ctl.shadow:  # the runtime drafts one token, verifies none, reports the comparison
+            ctl.shadow_result(rng.random() < alpha)
+            k = a = 0
+            continue
+        k = n
+        a = 0
+        while a < k and rng.random() < alpha:
+            a += 1
+    ctl.end(steps)
+
+
+def test_controller_off_for_a_useless_head_and_probes_rarely():
+    ctl = AdaptiveController(8, costs=FLAT, measure=False)
+    simulate(ctl, 0.0, 2000)
+    assert ctl.best == 0 and ctl.sleep
+    assert ctl.steps_at[0] > 0.98 * sum(ctl.steps_at)
+    assert ctl.n_probes == 0 and ctl.n_shadow <= 15  # shadow steps only; gaps double to GAP_MAX
+
+
+def test_controller_climbs_for_a_good_head():
+    ctl = AdaptiveController(8, costs=FLAT, measure=False)
+    simulate(ctl, 0.95, 600)
+    assert ctl.best >= 4 and not ctl.sleep
+    assert sum(ctl.steps_at[3:]) > 0.7 * sum(ctl.steps_at)
+
+
+def test_controller_stops_when_drafting_cannot_pay():
+    # a compute-bound machine: one draft costs more than the best case gains (cost(1) > 2 cost(0), ...)
+    costs = [1.0] + [1.0 + 1.2 * n for n in range(1, 9)]
+    ctl = AdaptiveController(8, costs=costs, measure=False)
+    simulate(ctl, 1.0, 1000)
+    assert ctl.best == 0 and ctl.n_probes <= 2
+
+
+def test_controller_follows_a_change_in_the_text():
+    ctl = AdaptiveController(4, costs=FLAT[:5], measure=False)
+    simulate(ctl, 0.0, 300)
+    assert ctl.best == 0
+    simulate(ctl, 0.97, 1500, seed=1)  # the text became predictable: found again by probing
+    assert ctl.best >= 2
+    simulate(ctl, 0.0, 500, seed=2)  # and unpredictable again (evidence halves every ~69 steps)
+    assert ctl.best == 0
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
+def test_adaptive_greedy_equals_plain(models, arch):
+    """Switching N every few steps, sleeping and restarting the head: still plain decoding's tokens."""
+    s = models(arch, head_noise=1.0, trunk_mix=2.0)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello world")
+        ref = tokens(rt, prompt, greedy(n_predict=120))
+        ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, start=2)
+        out = tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl)
+        assert out == ref
+        assert rt.stats.n_drafted > 0 and 0 < rt.stats.n_accepted < rt.stats.n_drafted
+        assert ctl.n_switches >= 1 and len([n for n in ctl.steps_at if n]) >= 2  # it did change N
+        # off most of the time on a useless head (sleep / restart on every probe), same tokens
+        u = models(arch, head_noise=8.0, trunk_mix=2.0)
+    with Runtime(u["full"], spec_type="mtp") as rt:
+        ref = tokens(rt, prompt, greedy(n_predict=120))
+        ctl = AdaptiveController(4, costs=FLAT[:5], measure=False)
+        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
+        assert ctl.n_shadow >= 2 and ctl.n_probes == 0 and ctl.best == 0  # shadow probes only
+        # off but kept in step (what longer plain steps get): same tokens
+        ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, may_sleep=False)
+        assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
+        assert ctl.n_shadow >= 2 and not ctl.sleep
+
+
+def test_adaptive_decisions_useless_vs_perfect_head(models):
+    for noise, expect_on in ((8.0, False), (0.0, True)):
+        with Runtime(models(head_noise=noise)["full"], spec_type="mtp") as rt:
+            ctl = AdaptiveController(8, costs=FLAT, measure=False)
+            for p in ("hello world", "the cat", "one two three"):
+                tokens(rt, rt.tokenize(p), greedy(n_predict=100, spec_type="mtp"), "adaptive", ctl)
+            st = ctl.steps_at
+            if expect_on:  # (each step emits up to 9 tokens here: few steps)
+                assert ctl.best >= 2 and sum(st[1:]) > 0.6 * sum(st)
+                assert rt.stats.acceptance > 0.9 and rt.stats.tokens_per_pass > 3
+            else:
+                assert ctl.best == 0 and st[0] > 0.9 * sum(st)
+
+
+def test_adaptive_with_measured_costs_runs_and_keeps_one_controller(models):
+    with Runtime(models(head_noise=8.0)["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello")
+        cfg = greedy(spec_type="mtp")
+        auto = AutoDraft(rt)
+        ref = tokens(rt, prompt, greedy())
+        assert tokens(rt, prompt, cfg, "adaptive", auto=auto) == ref
+        first = tokens.last.policy
+        assert (
+            tokens(rt, prompt, cfg, "adaptive", auto=auto) == ref and tokens.last.policy is first
+        )  # learning carries over
+        assert first.n_max == rt.stats.n_max == 8
+
+
+def test_auto_without_and_with_a_profile(models, config_dir):
+    s = models(head_noise=1.0)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello")
+        cfg = greedy(spec_type="mtp")
+        auto = AutoDraft(rt)
+        ref = tokens(rt, prompt, greedy())
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
+        assert tokens.last.note == NO_PROFILE_NOTE and tokens.last.policy is not None  # no profile: adaptive
+        key = auto.profile_key(cfg)
+        profiles.save(_profile(key, "mtp", 2, 0.0))
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
+        assert rt.stats.spec_type == "mtp" and rt.stats.n_max == 2 and tokens.last.policy is None
+        assert "tuned profile: mtp N=2" in tokens.last.note
+        profiles.save(_profile(key, "none"))
+        assert tokens(rt, prompt, cfg, "auto", auto=auto) == ref
+        assert rt.stats.spec_type == "none" and rt.stats.n_drafted == 0
+        # another thread count is another machine setting: no profile
+        tokens(rt, prompt, greedy(spec_type="mtp", n_threads=2, n_predict=4), "auto", auto=auto)
+        assert tokens.last.note == NO_PROFILE_NOTE
+
+
+def test_cli_generate_auto_and_adaptive(models):
+    path = str(models(head_noise=1.0)["full"])
+    r = run_cli(
+        "generate", "-m", path, "-p", "hello", "-n", "12", "--temp", "0", "-t", "1", "--spec-draft-n-max", "auto"
+    )
+    assert r.exit_code == 0, r.output
+    assert "no tuned profile" in r.stderr and "adaptive: now N=" in r.stderr
+    r = run_cli(
+        "generate",
+        "-m",
+        path,
+        "-p",
+        "hello",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "--spec-draft-n-max",
+        "adaptive",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["stats"]["spec_type"] == "mtp" and "steps_at" in doc["adaptive"]

@@ -1,0 +1,159 @@
+"""Training data (mtp_cli.train.data, collect, answers, selfprompts): the store's split and resume,
+batched answers equal lone ones, sampled answers, the built-in and self-written prompts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gguf_tools.gguf_file import open_gguf
+
+
+def test_store_split_and_resume(trained):
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import Store
+
+    job = trained["job"]
+    work = job.work_dir
+    st = Store.open(work / "data")
+    assert st.split("train") and st.split("heldout")
+    assert {s["kind"] for s in st.seqs} == {"text", "prompt"}
+    n = st.n_rows
+    seq = st.sequence(st.split("train")[0])
+    assert seq["h"].shape == (len(seq["tokens"]), 64) and seq["topk_id"].shape[1] == 8
+    assert np.all(np.diff(seq["topk_lp"].astype(np.float32), axis=1) <= 1e-3)  # best first
+    from mtp_cli.train.pipeline import sources
+
+    docs, prompts = sources(job)
+    again = collect(work / "adopted.gguf", work / "data", texts=docs, prompts=prompts, cfg=job.collect)
+    assert again.n_rows == n  # everything was done: nothing collected twice
+
+
+def test_repeated_prompts_are_answered_once_and_stops_drop_only_unfinished(trained, tmp_path):
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import CollectConfig, Store
+
+    adopted = trained["job"].work_dir / "adopted.gguf"
+    prompts = ["the cat", "hello world", "the cat", "a world"]
+    cfg = CollectConfig(max_len=48, max_new=24, n_threads=2, n_seq=2)
+    calls = []
+    st = collect(
+        adopted, tmp_path / "d", prompts=prompts, cfg=cfg, should_stop=lambda: calls.append(1) or len(calls) > 3
+    )
+    first = {s["key"] for s in st.seqs}
+    assert len(first) == len(st.seqs) < 3  # stopped early: only whole answers were stored
+    st = collect(adopted, tmp_path / "d", prompts=prompts, cfg=cfg)
+    assert len(st.seqs) == 3 and len({s["key"] for s in st.seqs}) == 3 and first <= {s["key"] for s in st.seqs}
+    again = Store.open(tmp_path / "d")
+    assert again.n_rows == st.n_rows == sum(s["len"] for s in again.seqs)  # the index was flushed
+
+
+def test_batched_answers_equal_one_at_a_time(trained):
+    """n_seq prompts answered in one context give the rows a lone greedy run + a teacher-forced pass give."""
+    from mtp_cli.config import GenConfig
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.train.answers import BatchedAnswerer
+    from mtp_cli.train.collect import TrunkTeacher
+
+    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    prompts = [[1, *np.random.default_rng(i).integers(3, 300, 3 + 2 * i).tolist()] for i in range(5)]
+    got: dict[str, dict] = {}
+    ans = BatchedAnswerer(rt.model, max_len=40, top_k=8, n_seq=3, n_threads=1)
+    teacher = TrunkTeacher(rt.model, max_len=40, top_k=8, n_threads=1)
+    try:
+        ans.run([(str(i), p, 24) for i, p in enumerate(prompts)], lambda k, seq: got.__setitem__(k, seq))
+        assert sorted(got) == [str(i) for i in range(5)] and ans.n_gen > 0
+        for i, p in enumerate(prompts):
+            seq = got[str(i)]
+            cfg = GenConfig(n_ctx=64, n_threads=1, temp=0.0, spec_type="none", n_predict=24)
+            alone = [ev.token for ev in rt.generate(p, cfg)]
+            assert seq["tokens"].tolist() == p + alone and seq["n_prompt"] == len(p)
+            h, ids, lps = teacher.run(seq["tokens"].tolist())
+            assert np.array_equal(ids[:, 0], seq["topk_id"][:, 0])
+            assert np.abs(h - seq["h"].astype(np.float32)).max() < 1e-2 * max(1.0, float(np.abs(h).max()))
+    finally:
+        ans.close()
+        teacher.close()
+        rt.close()
+
+
+def test_sampled_answers_follow_the_top_k_and_repeat_for_a_seed(trained):
+    """temp > 0: each next token is one of the previous row's top-k, the run differs from greedy, and
+    the same seed and key give the same sequence."""
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.train.answers import BatchedAnswerer
+
+    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    p = [1, 5, 17, 42]
+
+    def answer(temp: float, seed: int) -> dict:
+        got: dict[str, dict] = {}
+        a = BatchedAnswerer(rt.model, max_len=40, top_k=8, n_seq=2, n_threads=1, temp=temp, seed=seed)
+        try:
+            a.run([("k", p, 30)], lambda k, seq: got.__setitem__(k, seq))
+        finally:
+            a.close()
+        return got["k"]
+
+    try:
+        greedy, s1, s1b, s2 = answer(0.0, 0), answer(5.0, 1), answer(5.0, 1), answer(5.0, 2)
+        toks, ids = s1["tokens"], s1["topk_id"]
+        assert len(toks) > len(p) + 5
+        assert all(toks[j + 1] in ids[j] for j in range(len(p) - 1, len(toks) - 1))
+        assert toks.tolist() == s1b["tokens"].tolist()
+        assert toks.tolist() != greedy["tokens"].tolist() and toks.tolist() != s2["tokens"].tolist()
+        assert np.array_equal(greedy["tokens"][len(p) :], greedy["topk_id"][len(p) - 1 : -1, 0])
+    finally:
+        rt.close()
+
+
+def test_builtin_prompts_alternate_self_written_and_templated():
+    from mtp_cli.prompts import read_prompts
+    from mtp_cli.train.data import BUILTIN_PROMPTS, SELF_PROMPTS, builtin_prompts
+
+    a, b, both = read_prompts(SELF_PROMPTS), read_prompts(BUILTIN_PROMPTS), builtin_prompts()
+    assert len(a) >= 1000 and both[:4] == [a[0], b[0], a[1], b[1]]
+    assert sorted(both) == sorted(a + b)
+
+
+def test_self_prompts_are_clean_and_never_an_eval_prompt():
+    """The shipped self-written prompts: one line each, within the filter, distinct, and none of the
+    held-out evaluation prompts (case and spacing aside)."""
+    from mtp_cli.prompts import read_prompts
+    from mtp_cli.train.data import PROMPTS_DIR, SELF_PROMPTS
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
+    from mtp_cli.train.selfprompts import normalized as norm
+
+    ps = read_prompts(SELF_PROMPTS)
+    cfg = SelfPromptConfig(n=0)
+    assert all(acceptable(p, cfg) for p in ps)
+    assert len({norm(p) for p in ps}) == len(ps)
+    assert not {norm(p) for p in ps} & {norm(p) for p in read_prompts(PROMPTS_DIR / "eval_prompts.txt")}
+
+
+def test_acceptable_filter():
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable
+
+    cfg = SelfPromptConfig(n=0)
+    assert acceptable("How do I descale a kettle?", cfg)
+    for bad in ("Hi", "two\nlines here now", "ends <|im_end|> here", "naïve café ümlaut ßß çç ñ", "w " * 61):
+        assert not acceptable(bad, cfg), bad
+
+
+@pytest.mark.slow
+def test_self_prompts_from_smollm2(tmp_path):
+    """The real model writes distinct, acceptable prompts after its template's user prefix; the same
+    seed gives the same prompts; excluded ones never come out."""
+    from mtp_cli.demo import source_model
+    from mtp_cli.train.selfprompts import SelfPromptConfig, acceptable, generate_prompts, user_prefix
+
+    model = source_model()
+    pre = user_prefix(open_gguf(model), "<|im_start|>", "<|im_end|>")
+    assert pre.endswith("<|im_start|>user\n")
+    cfg = SelfPromptConfig(n=6, seed=3, n_seq=4)
+    a = generate_prompts(model, cfg)
+    assert len(a) == 6 and len(set(a)) == 6 and all(acceptable(p, cfg) for p in a)
+    assert generate_prompts(model, cfg) == a
+    b = generate_prompts(model, cfg, exclude=[a[0].upper()])
+    assert a[0] not in b and b[:5] == a[1:]
