@@ -187,7 +187,11 @@ class HeadSet:
 def heads_from_gguf(src: GGUFFile) -> HeadSet:
     """Take only the head blocks of a donor (trunk + head) or an MTP-only sidecar GGUF."""
     if src.arch in ASSISTANT_ARCHS:
-        raise RefusedError(f"is a {src.arch} drafter, not an MTP head: use it with -md instead of packing it", src.path)
+        raise RefusedError(
+            f"is a {src.arch} drafter, not an MTP head: give it as the draft model (`draft_model`) "
+            "instead of packing it",
+            src.path,
+        )
     heads = _require_head(src)
     lay = src.layout()
     return HeadSet(

@@ -47,8 +47,13 @@ class GenConfig:
         _at_least(self.n_batch, 1, "n_batch")
         if self.n_threads is not None:
             _at_least(self.n_threads, 1, "n_threads")
+        if not isinstance(self.draft_n_max, int) or isinstance(self.draft_n_max, bool):
+            raise ConfigError(
+                f"`draft_n_max` must be a number (auto and adaptive are resolved by "
+                f"mtp_cli.speed.auto), got {self.draft_n_max!r}"
+            )
         if self.spec_type != "none":
-            if not isinstance(self.draft_n_max, int) or not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
+            if not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
                 raise ConfigError(f"`draft_n_max` must be in 1..{DRAFT_N_MAX_LIMIT}, got {self.draft_n_max!r}")
             if not 0 <= self.draft_n_min <= self.draft_n_max:
                 raise ConfigError(

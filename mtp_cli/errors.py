@@ -39,7 +39,7 @@ class VocabMismatchError(MtpError):
     """A draft model or MTP sidecar whose vocabulary differs from the target's."""
 
 
-class LlamaError(MtpError):
+class LlamaError(MtpError, RuntimeError):
     """llama.cpp refused: a NULL model or context, a failed decode, a refused rollback."""
 
 

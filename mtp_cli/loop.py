@@ -81,9 +81,11 @@ class VerifyLoop:
                 return self._stopped("n_predict")
             first = self._prefill(prompt)
             st.t_prompt = _now() - t_start
-            if (yield from self._emit(first, "target")):
+            stop = yield from self._emit(first, "target")
+            if st.stop_reason != "eog":
+                self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
+            if stop:
                 return st
-            self.policy.begin(self.t_consumer)
             while (room := self._room()) > 0:
                 drafts = self._propose(room)
                 a, nxt = self._verify(drafts)

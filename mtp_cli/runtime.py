@@ -14,7 +14,7 @@ loop itself is mtp_cli.loop. A DraftPolicy (mtp_cli.policy) may choose N per ste
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -117,10 +117,13 @@ class Runtime:
 
     # -- the loaded models ---------------------------------------------------------------------
 
-    @property
-    def model(self) -> lx.ModelPtr:
+    def _require_open(self) -> None:
         if not self._owned:
             raise MtpError("this runtime is closed")
+
+    @property
+    def model(self) -> lx.ModelPtr:
+        self._require_open()
         return self.models.target
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -141,7 +144,7 @@ class Runtime:
     @property
     def n_heads(self) -> int:
         """MTP head blocks of the model that drafts (0 when it drafts with none)."""
-        m = self.models.drafting if self._owned else None
+        m = self.models.drafting if self._owned and self.spec.target_h else None
         return lx.n_layer_nextn(m) if m is not None else 0
 
     def can_run(self, spec_type: str) -> bool:
@@ -206,8 +209,11 @@ class Runtime:
         generating ends the generator normally with stop_reason "interrupted"; closing the
         generator early (break) also records "interrupted". `policy` chooses N per step (at most
         its n_max, which then sizes the contexts); without one N is config.draft_n_max."""
+        self._require_open()
         cfg = drafters.validated(config)
-        if policy is not None and cfg.spec_type != "none":
+        if cfg.spec_type == "none":
+            policy = None  # (plain decoding drafts nothing: a policy would learn from it wrongly)
+        elif policy is not None:
             cfg = replace(cfg, draft_n_max=policy.n_max).validated()
         if not self.can_run(cfg.spec_type):
             raise ConfigError(
@@ -225,18 +231,16 @@ class Runtime:
             spec_type=cfg.spec_type, n_max=n_max, n_prompt=len(prompt), drafted_at=[0] * n_max, accepted_at=[0] * n_max
         )
         self.stats = stats
+        return self._run(prompt, cfg, ctxs, d, policy if policy is not None else DraftPolicy(n_max), stats)
+
+    def _run(
+        self, prompt: list[int], cfg: GenConfig, ctxs: Contexts, d: Drafter, policy: DraftPolicy, stats: GenStats
+    ) -> Generator[TokenEvent, None, GenStats]:
+        """The loop, built when the generator starts (nothing is allocated for one never run)."""
         loop = VerifyLoop(
-            self.model,
-            ctxs.target,
-            d,
-            policy or DraftPolicy(n_max),
-            cfg,
-            ctxs.n_ctx,
-            stats,
-            self._pieces,
-            self._verify_sampled,
+            self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled
         )
-        return loop.run(prompt)
+        return (yield from loop.run(prompt))
 
     def _checked_prompt(self, prompt_tokens: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_tokens]

@@ -173,3 +173,28 @@ def test_cli_generate_auto_and_adaptive(models):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["stats"]["spec_type"] == "mtp" and "steps_at" in doc["adaptive"]
+
+
+def test_a_draft_n_min_above_the_chosen_n_is_one_clear_error(models):
+    from mtp_cli.errors import ConfigError
+
+    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+        with pytest.raises(ConfigError, match=r"draft_n_min 9 is above the draft length adaptive chose \(8\)"):
+            AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_n_min=9), "adaptive")
+
+
+def test_plain_decoding_does_not_drive_a_policy(models):
+    """A policy handed to spec type none learns nothing from plain steps (none drafts)."""
+    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+        ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, start=3)
+        out = [ev.token for ev in rt.generate(rt.tokenize("hello"), greedy(n_predict=24), policy=ctl)]
+        assert len(out) == 24 and rt.stats.n_drafted == 0
+        assert sum(ctl.steps_at) == 0 and ctl.cost(3) == FLAT[3]
+
+
+def test_a_draft_length_mode_must_be_resolved_first():
+    from mtp_cli.config import GenConfig
+    from mtp_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="must be a number.*mtp_cli.speed.auto"):
+        GenConfig(draft_n_max="auto").validated()  # type: ignore[arg-type]

@@ -179,3 +179,20 @@ def test_spec_types_and_their_help_come_from_the_drafter_registry(tiny):
         assert r.exit_code == 0 or (alias.startswith("draft") and "needs a draft model" in r.output), (alias, r.output)
     bad = run("-m", str(tiny["full"]), "-p", "hi", "--spec-type", "medusa")
     assert bad.exit_code == 2 and "medusa" in bad.output
+
+
+def test_a_setting_this_command_lacks_is_spelled_as_the_command_that_has_it(tmp_path):
+    """pack has no -md; its refusal of an assistant drafter points at generate's -md."""
+    from gguf_tools.gguf_file import open_gguf
+    from gguf_tools.gguf_write import KV, WritePlan, write_gguf
+    from gguf_tools.surgery import plan_extract
+    from tests.factory import TinySpec, write_tiny_model
+
+    trunk = write_tiny_model(tmp_path / "t.gguf", TinySpec(arch="glm4moe", kind="trunk"))
+    plan = plan_extract(open_gguf(write_tiny_model(tmp_path / "f.gguf", TinySpec(arch="glm4moe", kind="full"))))
+    arch = "gemma4-assistant"  # (only its architecture matters here)
+    kvs = [KV(k.key, arch, k.type) if k.key == "general.architecture" else k for k in plan.kvs]
+    drafter = tmp_path / "assistant.gguf"
+    write_gguf(WritePlan(arch, plan.alignment, kvs, plan.tensors), drafter)
+    r = CliRunner().invoke(main, ["pack", str(trunk), "--heads", str(drafter), "-o", str(tmp_path / "o.gguf")])
+    assert r.exit_code == 2 and "as the draft model (-md) instead of packing it" in r.output, r.output

@@ -31,16 +31,20 @@ class MtpCommand(click.Command):
         try:
             return super().invoke(ctx)
         except (GGUFToolError, MtpError) as e:
-            raise UserError(e.spelled(self.flag_of)) from None
+            raise UserError(e.spelled(lambda name: self.flag_of(name, ctx))) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             sys.exit(130)
 
-    def flag_of(self, name: str) -> str:
-        """How this command spells the setting `name` (its option's first flag), else the bare name."""
-        for p in self.params:
-            if p.name == name and isinstance(p, click.Option):
-                return p.opts[0]
+    def flag_of(self, name: str, ctx: click.Context | None = None) -> str:
+        """How this command spells the setting `name` (its option's first flag), else how another
+        command of the group does, else the bare name."""
+        root = ctx.find_root().command if ctx is not None else None
+        others = list(root.commands.values()) if isinstance(root, click.Group) else []
+        for cmd in (self, *others):
+            for p in cmd.params:
+                if p.name == name and isinstance(p, click.Option):
+                    return p.opts[0]
         return name
 
 

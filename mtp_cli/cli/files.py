@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,6 +16,12 @@ from gguf_tools.surgery import PackOptions
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
+
+
+def _write(what: str, op: Callable[..., ops.WriteResult], *args: Any, **kw: Any) -> None:
+    """Run a gguf_tools write with a progress bar, then say what was written."""
+    with render.byte_progress(what) as cb:
+        render.written(op(*args, progress=cb, **kw))
 
 
 @main.command()
@@ -49,9 +57,7 @@ def inspect(file: Path, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Graft even if the vocabularies differ.")
 def pack(trunk: Path, heads: Path, out: Path, overwrite: bool, head_type: str, replace: bool, force: bool) -> None:
     """Graft MTP head tensors into TRUNK, leaving every trunk byte as it was."""
-    with render.byte_progress("packing") as cb:
-        res = ops.pack(trunk, heads, out, PackOptions(head_type, replace, force), overwrite, cb)
-    render.written(res)
+    _write("packing", ops.pack, trunk, heads, out, PackOptions(head_type, replace, force), overwrite)
 
 
 @main.command()
@@ -59,9 +65,7 @@ def pack(trunk: Path, heads: Path, out: Path, overwrite: bool, head_type: str, r
 @opt.output
 def strip(file: Path, out: Path, overwrite: bool) -> None:
     """Drop the MTP head: a trunk-only GGUF."""
-    with render.byte_progress("stripping") as cb:
-        res = ops.strip(file, out, overwrite, cb)
-    render.written(res)
+    _write("stripping", ops.strip, file, out, overwrite)
 
 
 @main.command()
@@ -74,9 +78,7 @@ def strip(file: Path, out: Path, overwrite: bool) -> None:
 )
 def extract(file: Path, out: Path, overwrite: bool, head_only: bool) -> None:
     """Write the MTP head alone, as a sidecar llama.cpp loads with -md."""
-    with render.byte_progress("extracting") as cb:
-        res = ops.extract(file, out, overwrite, cb, head_only)
-    render.written(res)
+    _write("extracting", ops.extract, file, out, overwrite, head_only=head_only)
 
 
 @main.command(
@@ -93,6 +95,4 @@ def extract(file: Path, out: Path, overwrite: bool, head_only: bool) -> None:
     help="Also append a randomly initialised MTP head block (to train, or to test the MTP path).",
 )
 def adopt(file: Path, out: Path, overwrite: bool, with_head_slot: bool) -> None:
-    with render.byte_progress("adopting") as cb:
-        res = ops.adopt(file, out, with_head_slot, overwrite, cb)
-    render.written(res)
+    _write("adopting", ops.adopt, file, out, with_head_slot, overwrite)

@@ -76,14 +76,20 @@ class AutoDraft:
         cfg = drafters.validated(replace(cfg, draft_n_max=DRAFT_N_MAX_LIMIT))  # (N itself is chosen below)
         if cfg.spec_type == "none":
             return Resolved(replace(cfg, draft_n_max=1), None, "fixed")
-        note = None
-        if draft_n == "auto":
-            found = self._from_profile(cfg)
-            if found is not None:
-                return found
-            note = NO_PROFILE_NOTE if cfg.spec_type == "mtp" else None
-        ctl = controller or self.controllers.setdefault(cfg.spec_type, AdaptiveController(ADAPTIVE_N_MAX))
-        return Resolved(replace(cfg, draft_n_max=ctl.n_max), ctl, "adaptive", note)
+        res = self._from_profile(cfg) if draft_n == "auto" else None
+        if res is None:
+            ctl = controller or self.controllers.get(cfg.spec_type)
+            if ctl is None:
+                ctl = self.controllers[cfg.spec_type] = AdaptiveController(ADAPTIVE_N_MAX)
+            note = NO_PROFILE_NOTE if draft_n == "auto" and cfg.spec_type == "mtp" else None
+            res = Resolved(replace(cfg, draft_n_max=ctl.n_max), ctl, "adaptive", note)
+        n = res.config.draft_n_max
+        if res.config.spec_type != "none" and res.config.draft_n_min > n:
+            raise ConfigError(
+                f"`draft_n_min` {res.config.draft_n_min} is above the draft length {draft_n} chose "
+                f"({n}{', the tuned profile' if res.mode == 'profile' else ''}): lower it"
+            )
+        return res
 
     def _from_profile(self, cfg: GenConfig) -> Optional[Resolved]:
         prof = profiles.find(self.profile_key(cfg), self.config_dir) if cfg.spec_type == "mtp" else None

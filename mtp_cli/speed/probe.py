@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters.mtp import HeadProbe, MtpDrafter
@@ -125,7 +126,7 @@ def measure_costs(
         raise ConfigError(f"the cost model needs N >= 1 (got {n_max})")
     if not rt.can_run("mtp"):
         raise NoMtpHeadError(f"{rt.model_path.name}: the cost model needs the MTP head (load the runtime for mtp)")
-    base = replace(cfg, spec_type="mtp", draft_n_max=n_max, draft_p_min=0.0)
+    base = drafters.validated(replace(cfg, spec_type="mtp", draft_n_max=n_max, draft_p_min=0.0))
     ctxs, d = rt.contexts(base)
     assert isinstance(d, MtpDrafter)
     need = rounds * (reps + 1) * (n_max + 2) + n_max + 2

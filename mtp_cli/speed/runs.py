@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mtp_cli import drafters
 from mtp_cli.config import GenConfig
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
@@ -98,7 +99,7 @@ def run_setting(
             pass
         assert rt.stats is not None
         out.append(rt.stats)
-    return GenStats.pooled(out)
+    return GenStats.pooled(out, None if out else drafters.get(cfg.spec_type).name)
 
 
 @dataclass

@@ -198,6 +198,8 @@ class _Tuner:
         self.rt, self.base, self.toks, self.res, self.t0, self.progress = rt, base, toks, res, t0, progress
         self.deadline = t0 + res.budget
         self.off = Candidate("off", "none", 0, status="baseline")
+        # the profile's key first: a file that cannot be read fails before the budget is spent
+        self.ident = profiles.identify(rt.file, rt.draft_file, n_threads=base.n_threads, n_gpu_layers=base.n_gpu_layers)
         res.candidates = [self.off]
 
     def emit(self, kind: str, msg: str) -> None:
@@ -340,9 +342,7 @@ class _Tuner:
         res.best = best
         add_overheads(cm, by_n, plain)
         base_tps = self.off.tokens_per_second or 0.0
-        ident = profiles.identify(
-            self.rt.file, self.rt.draft_file, n_threads=self.base.n_threads, n_gpu_layers=self.base.n_gpu_layers
-        )
+        ident = self.ident
         res.profile = profiles.Profile(
             key=ident.key,
             model=ident.model,
