@@ -17,7 +17,7 @@ import numpy as np
 
 from gguf_tools import ops
 from gguf_tools.gguf_file import GGUFFile, open_gguf
-from gguf_tools.gguf_write import FileTensor, WritePlan, check_output, write_gguf
+from gguf_tools.gguf_write import FileTensor, WritePlan, check_output
 from gguf_tools.glm4moe_head import HeadDims, head_block_tensors
 from gguf_tools.names import SIDECAR_SHARED
 from gguf_tools.own_output import own_output_tensor
@@ -55,9 +55,7 @@ def write_sidecar(
 ) -> ops.WriteResult:
     out = Path(out)
     check_output(out, [Path(trunk_path)], overwrite)
-    plan = sidecar_plan(open_gguf(trunk_path), weights, head_type, own_output)
-    write_gguf(plan, out)
-    return ops.WriteResult(out, len(plan.tensors), plan.n_bytes, out.stat().st_size)
+    return ops.write_plan(sidecar_plan(open_gguf(trunk_path), weights, head_type, own_output), out)
 
 
 def export_model(
