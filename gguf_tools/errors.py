@@ -45,3 +45,7 @@ class MismatchError(GGUFToolError):
 
 class RefusedError(GGUFToolError):
     """The operation is well-formed but would be wrong or destructive without an override."""
+
+
+class WriteError(GGUFToolError):
+    """An output could not be written (disk full, read-only, no permission, I/O error)."""

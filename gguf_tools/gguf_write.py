@@ -8,6 +8,7 @@ beside the target, renamed into place only when complete.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -19,14 +20,15 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_tools.atomic import atomic_output
-from gguf_tools.errors import BadFileError, RefusedError
-from gguf_tools.gguf_file import prescan
+from gguf_tools.errors import BadFileError, RefusedError, WriteError
+from gguf_tools.gguf_file import Prescan, prescan
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 CHUNK = 16 << 20
 ROW_WINDOW = 4 << 20  # bytes of output rows gathered at a time by a RowOrderTensor
+_CFR_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF, errno.EPERM}
 
 
 @dataclass(frozen=True)
@@ -108,18 +110,33 @@ def check_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
         raise RefusedError("output is a folder", out)
     if out.exists() and not overwrite:
         raise RefusedError("output exists (`overwrite` replaces it)", out)
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise WriteError("cannot write into this folder (read-only or no permission)", out.parent)
     for p in inputs:
         if out.exists() and p.exists() and os.path.samefile(out, p) and not overwrite:
             raise RefusedError("output is one of the inputs (`overwrite` replaces it)", out)
 
 
-def write_gguf(plan: WritePlan, out: Path, progress: Progress | None = None) -> None:
-    """Write `plan` to `out` atomically (gguf_tools.atomic): a temporary file beside it, checked,
-    then renamed; an existing `out` has its replacement fsynced first (a new file skips that: it
-    costs seconds per GB)."""
-    with atomic_output(out) as tmp:
+def write_gguf(
+    plan: WritePlan,
+    out: Path,
+    progress: Progress | None = None,
+    *,
+    overwrite: bool = True,
+    verify: Callable[[Prescan], None] | None = None,
+) -> None:
+    """Write `plan` to `out` atomically (gguf_tools.atomic): out of sight, checked, then published;
+    an existing `out` has its replacement fsynced first (a new file skips that: it costs seconds
+    per GB). Without `overwrite` an existing `out` is refused, even one created meanwhile.
+    `verify` sees the written header before it is published."""
+    with atomic_output(out, overwrite=overwrite) as tmp:
         _write(plan, tmp, progress)
-        prescan(tmp)  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
+        try:  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
+            scan = prescan(tmp)
+            if verify is not None:
+                verify(scan)
+        except BadFileError as e:
+            raise BadFileError(f"not written, it would be invalid ({e.message})", out) from None
 
 
 def _write(plan: WritePlan, tmp: Path, progress: Progress | None) -> None:
@@ -168,14 +185,21 @@ def _copy_tensor(t: Tensor, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> It
         yield from _copy_range(src, t.offset, t.n_bytes, fout, t.path)
 
 
+def _read(src: BinaryIO, n: int, pos: int, path: Path) -> bytes:
+    """Up to n bytes of src at pos; a read error names the source (not the output)."""
+    try:
+        if hasattr(os, "pread"):
+            return os.pread(src.fileno(), n, pos)
+        src.seek(pos)  # Windows
+        return src.read(n)
+    except OSError as e:
+        raise BadFileError(f"cannot read: {e.strerror or e}", path) from None
+
+
 def _pread(src: BinaryIO, n: int, pos: int, path: Path) -> bytes:
     parts, left = [], n
     while left:
-        if hasattr(os, "pread"):
-            got = os.pread(src.fileno(), left, pos)
-        else:  # Windows
-            src.seek(pos)
-            got = src.read(left)
+        got = _read(src, left, pos, path)
         if not got:
             raise BadFileError(f"file shrank while being read (wanted {left} more bytes at {pos})", path)
         parts.append(got)
@@ -217,13 +241,14 @@ def _copy_range(src: BinaryIO, offset: int, n_bytes: int, fout: BinaryIO, path: 
         if use_cfr:
             try:
                 got = os.copy_file_range(src.fileno(), fout.fileno(), n, pos)
-            except OSError:
+            except OSError as e:
+                if e.errno not in _CFR_UNSUPPORTED:
+                    raise  # ENOSPC, EIO...: a real fault, not a missing feature
                 use_cfr = False  # e.g. across file systems on old kernels: fall back to read/write
                 fout.seek(0, os.SEEK_END)
                 continue
         else:
-            src.seek(pos)
-            buf = src.read(n)
+            buf = _read(src, n, pos, path)
             got = len(buf)
             fout.write(buf)
         if got == 0:

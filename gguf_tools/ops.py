@@ -27,9 +27,9 @@ class WriteResult:
     file_bytes: int
 
 
-def write_plan(plan: WritePlan, out: Path, progress: Progress | None = None) -> WriteResult:
+def write_plan(plan: WritePlan, out: Path, progress: Progress | None = None, *, overwrite: bool = False) -> WriteResult:
     """Write a validated plan atomically; what was written."""
-    write_gguf(plan, out, progress)
+    write_gguf(plan, out, progress, overwrite=overwrite)
     return WriteResult(out, len(plan.tensors), plan.n_bytes, out.stat().st_size)
 
 
@@ -79,7 +79,7 @@ def pack(
     check_output(out, [trunk_path, heads_source], overwrite)
     trunk = open_gguf(trunk_path)
     plan = plan_pack(trunk, load_heads(heads_source, trunk), opts)
-    return write_plan(plan, out, progress)
+    return write_plan(plan, out, progress, overwrite=overwrite)
 
 
 def adopt(
@@ -93,16 +93,16 @@ def adopt(
     """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt); optionally append a
     randomly initialised MTP head block."""
     check_output(out, [path], overwrite)
-    return write_plan(plan_adopt(open_gguf(path), with_head_slot, seed), out, progress)
+    return write_plan(plan_adopt(open_gguf(path), with_head_slot, seed), out, progress, overwrite=overwrite)
 
 
 def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
     check_output(out, [path], overwrite)
-    return write_plan(plan_strip(open_gguf(path)), out, progress)
+    return write_plan(plan_strip(open_gguf(path)), out, progress, overwrite=overwrite)
 
 
 def extract(
     path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None, head_only: bool = False
 ) -> WriteResult:
     check_output(out, [path], overwrite)
-    return write_plan(plan_extract(open_gguf(path), head_only), out, progress)
+    return write_plan(plan_extract(open_gguf(path), head_only), out, progress, overwrite=overwrite)

@@ -19,7 +19,7 @@ from gguf import GGUFValueType
 
 from gguf_tools import ops
 from gguf_tools.adopt import PROVENANCE_KEY, neox_order, plan_adopt
-from gguf_tools.errors import RefusedError
+from gguf_tools.errors import RefusedError, WriteError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, RowOrderTensor, WritePlan, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_arrays, head_block_tensors, unpack_head_block
@@ -534,7 +534,7 @@ def test_failed_write_leaves_nothing(tiny, tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(gw, "_pread", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteError, match="o.gguf: cannot write: No space left on device"):
         ops.adopt(tiny("llama"), tmp_path / "o.gguf")
     assert list(tmp_path.iterdir()) == []
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gguf_tools
 from gguf_tools import ops
-from gguf_tools.errors import MismatchError, RefusedError
+from gguf_tools.errors import MismatchError, RefusedError, WriteError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, WritePlan, write_gguf
 from gguf_tools.report import FULL, NO_MTP_GRAPH, SIDECAR, TRUNK_ONLY, inspect_file
@@ -277,11 +277,14 @@ def test_failed_write_leaves_nothing(sets, tmp_path, monkeypatch):
     s = sets("qwen35")
     import gguf_tools.gguf_write as gw
 
-    def boom(*a, **k):
+    def full(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(gw, "_copy_range", boom)
-    with pytest.raises(OSError):
+    if not hasattr(gw.os, "copy_file_range"):
+        pytest.skip("no copy_file_range")
+    monkeypatch.setattr(gw.os, "copy_file_range", full)  # ENOSPC is a fault, not a cue to fall back
+    monkeypatch.setattr(gw, "_read", lambda *a: pytest.fail("fell back to read/write after ENOSPC"))
+    with pytest.raises(WriteError, match="o.gguf: cannot write: No space left on device"):
         ops.pack(s["trunk"], s["sidecar"], tmp_path / "o.gguf")
     assert list(tmp_path.iterdir()) == []
 

@@ -33,8 +33,7 @@ class MtpCommand(click.Command):
         except (GGUFToolError, MtpError) as e:
             raise UserError(e.spelled(lambda name: self.flag_of(name, ctx))) from None
         except KeyboardInterrupt:
-            err.print("interrupted")
-            sys.exit(130)
+            interrupted()
 
     def flag_of(self, name: str, ctx: click.Context | None = None) -> str:
         """How this command spells the setting `name` (its option's first flag), else how another
@@ -48,8 +47,30 @@ class MtpCommand(click.Command):
         return name
 
 
+def interrupted() -> None:
+    """Ctrl-C: one line and exit code 130, wherever it lands."""
+    err.print("interrupted")
+    sys.exit(130)
+
+
 class MtpGroup(click.Group):
+    """The group; Ctrl-C while parsing or in the group's own callback is one line and 130 too
+    (click's default is "Aborted!" and 1)."""
+
     command_class = MtpCommand
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            interrupted()
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
 
 
 @click.group(cls=MtpGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -139,11 +140,13 @@ def generate(
         if res.policy is not None:
             doc["adaptive"] = res.policy.summary()
         click.echo(json.dumps(doc, indent=2))
-        return
-    click.echo("")
-    render.gen_stats(stats)
-    if res.policy is not None:
-        render.note(res.policy.describe())
+    else:
+        click.echo("")
+        render.gen_stats(stats)
+        if res.policy is not None:
+            render.note(res.policy.describe())
+    if stats is not None and stats.stop_reason == "interrupted":
+        sys.exit(130)  # as llama.cpp does, after the summary
 
 
 def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:

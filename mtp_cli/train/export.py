@@ -55,7 +55,7 @@ def write_sidecar(
 ) -> ops.WriteResult:
     out = Path(out)
     check_output(out, [Path(trunk_path)], overwrite)
-    return ops.write_plan(sidecar_plan(open_gguf(trunk_path), weights, head_type, own_output), out)
+    return ops.write_plan(sidecar_plan(open_gguf(trunk_path), weights, head_type, own_output), out, overwrite=overwrite)
 
 
 def export_model(
