@@ -2,8 +2,10 @@
 
     python benchmarks/pack_bench.py --gb 1.5 --repeats 3 [--dir /tmp] [--json out.json]
 
-The trunk is a valid qwen35-shaped GGUF whose Q8_0 tensors hold random bytes (it is never loaded
-by llama.cpp here: this measures the copy). Each run is a fresh process so its peak RSS is its own.
+The trunk is a llama model with a Qwen-sized vocabulary (152k tokens and merges) whose Q8_0 tensors
+hold random bytes, adopted as glm4moe; the heads are its head slot as a sidecar (nothing is loaded
+by llama.cpp here: this measures the write). Each run is a fresh process writing a new output (cp
+writes a new file too), so its peak RSS is its own and neither pays for replacing a file.
 """
 
 from __future__ import annotations
@@ -20,65 +22,87 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCH = "qwen35"
-N_EMBD, N_VOCAB, N_TRUNK = 4096, 32000, 8
-
-
-def _kvs(n_blocks: int, n_heads: int) -> list:
-    from gguf import GGUFValueType
-
-    from gguf_tools.gguf_write import KV
-
-    kvs = [
-        KV("general.architecture", ARCH, GGUFValueType.STRING),
-        KV(f"{ARCH}.block_count", n_blocks, GGUFValueType.UINT32),
-        KV(f"{ARCH}.embedding_length", N_EMBD, GGUFValueType.UINT32),
-        KV("tokenizer.ggml.tokens", [f"t{i}" for i in range(N_VOCAB)], GGUFValueType.ARRAY, GGUFValueType.STRING),
-    ]
-    if n_heads:
-        kvs.insert(2, KV(f"{ARCH}.nextn_predict_layers", n_heads, GGUFValueType.UINT32))
-    return kvs
+N_VOCAB, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, HEAD_DIM = 151936, 2048, 8192, 16, 4, 128  # a Qwen-sized vocabulary
 
 
 def _q8_bytes(ne0: int, ne1: int) -> int:
     return ne0 // 32 * 34 * ne1
 
 
+def _llama_kvs(n_layer: int) -> list:
+    """A llama header as convert_hf_to_gguf writes one, with a GPT-2 style vocabulary and merges."""
+    from gguf import GGUFValueType as T
+
+    from gguf_tools.gguf_write import KV
+
+    a = "llama"
+    tokens = [f"tok{i:06d}" + "x" * (i % 7) for i in range(N_VOCAB)]
+    merges = [f"tok{i:06d} x{i % 97}" for i in range(N_VOCAB - 549)]
+    return [
+        KV("general.architecture", a, T.STRING),
+        KV("general.name", "pack-bench", T.STRING),
+        KV(f"{a}.block_count", n_layer, T.UINT32),
+        KV(f"{a}.context_length", 32768, T.UINT32),
+        KV(f"{a}.embedding_length", N_EMBD, T.UINT32),
+        KV(f"{a}.feed_forward_length", N_FF, T.UINT32),
+        KV(f"{a}.attention.head_count", N_HEAD, T.UINT32),
+        KV(f"{a}.attention.head_count_kv", N_HEAD_KV, T.UINT32),
+        KV(f"{a}.rope.freq_base", 1e6, T.FLOAT32),
+        KV(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, T.FLOAT32),
+        KV(f"{a}.rope.dimension_count", HEAD_DIM, T.UINT32),
+        KV(f"{a}.vocab_size", N_VOCAB, T.UINT32),
+        KV("tokenizer.ggml.model", "gpt2", T.STRING),
+        KV("tokenizer.ggml.pre", "qwen2", T.STRING),
+        KV("tokenizer.ggml.tokens", tokens, T.ARRAY, T.STRING),
+        KV("tokenizer.ggml.token_type", [1] * N_VOCAB, T.ARRAY, T.INT32),
+        KV("tokenizer.ggml.merges", merges, T.ARRAY, T.STRING),
+        KV("tokenizer.ggml.bos_token_id", 1, T.UINT32),
+        KV("tokenizer.ggml.eos_token_id", 2, T.UINT32),
+    ]
+
+
 def make_files(folder: Path, gb: float) -> tuple[Path, Path]:
-    """A trunk of about `gb` GB (random Q8_0 bytes from one blob, copied) and a matching sidecar."""
+    """A llama model of about `gb` GB (random Q8_0 bytes from one blob), adopted with a head slot;
+    then the trunk and the head as a sidecar, as a user who packs would have them."""
     # Heavy imports stay in the child that makes the files: each measured process is forked from a
     # small parent, since a forked child's peak RSS counts the parent's memory until exec.
     import numpy as np
     from gguf import GGMLQuantizationType
 
+    from gguf_tools import ops
     from gguf_tools.gguf_write import ArrayTensor, FileTensor, WritePlan, write_gguf
 
     Q8, F32 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.F32
+    qd, kvd = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
+    mats = {"attn_q": (N_EMBD, qd), "attn_k": (N_EMBD, kvd), "attn_v": (N_EMBD, kvd), "attn_output": (qd, N_EMBD)}
+    mats |= {"ffn_gate": (N_EMBD, N_FF), "ffn_up": (N_EMBD, N_FF), "ffn_down": (N_FF, N_EMBD)}
+    per_layer = sum(_q8_bytes(*s) for s in mats.values())
+    emb_bytes = _q8_bytes(N_EMBD, N_VOCAB)
+    n_layer = max(1, round((gb * 1e9 - emb_bytes) / per_layer))
     blob = folder / "blob.bin"
-    per_block = int(gb * 1e9 / N_TRUNK)
-    ne1 = max(1, per_block // _q8_bytes(N_EMBD, 1))
-    nbytes = _q8_bytes(N_EMBD, ne1)
     rng = np.random.default_rng(0)
     with open(blob, "wb") as f:
-        for _ in range(0, nbytes, 64 << 20):
-            f.write(rng.integers(0, 256, size=min(64 << 20, nbytes - f.tell()), dtype=np.uint8).tobytes())
-    emb = ArrayTensor("token_embd.weight", F32, (N_EMBD, 8), np.zeros((8, N_EMBD), np.float32))
-    tensors = [FileTensor(f"blk.{i}.ffn_up.weight", Q8, (N_EMBD, ne1), nbytes, blob, 0) for i in range(N_TRUNK)]
-    trunk = folder / "trunk.gguf"
-    write_gguf(WritePlan(ARCH, 32, _kvs(N_TRUNK, 0), [emb, *tensors]), trunk)
-    head = [
-        ArrayTensor(
-            f"blk.{N_TRUNK}.nextn.eh_proj.weight",
-            F32,
-            (2 * N_EMBD, N_EMBD),
-            rng.standard_normal((N_EMBD, 2 * N_EMBD), dtype=np.float32),
-        ),
-        ArrayTensor(f"blk.{N_TRUNK}.nextn.enorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32)),
-        ArrayTensor(f"blk.{N_TRUNK}.nextn.hnorm.weight", F32, (N_EMBD,), np.ones(N_EMBD, np.float32)),
-    ]
-    sidecar = folder / "sidecar.gguf"
-    write_gguf(WritePlan(ARCH, 32, _kvs(N_TRUNK + 1, 1), [emb, *head]), sidecar)
+        for _ in range(0, emb_bytes, 64 << 20):
+            f.write(rng.integers(0, 256, size=min(64 << 20, emb_bytes - f.tell()), dtype=np.uint8).tobytes())
+    ones = np.ones(N_EMBD, np.float32)
+    tensors: list = [FileTensor("token_embd.weight", Q8, (N_EMBD, N_VOCAB), emb_bytes, blob, 0)]
+    for i in range(n_layer):
+        tensors += [ArrayTensor(f"blk.{i}.attn_norm.weight", F32, (N_EMBD,), ones)]
+        tensors += [FileTensor(f"blk.{i}.{n}.weight", Q8, s, _q8_bytes(*s), blob, 0) for n, s in mats.items()]
+        tensors += [ArrayTensor(f"blk.{i}.ffn_norm.weight", F32, (N_EMBD,), ones)]
+    tensors.append(ArrayTensor("output_norm.weight", F32, (N_EMBD,), ones))
+    src, full = folder / "llama.gguf", folder / "full.gguf"
+    write_gguf(WritePlan("llama", 32, _llama_kvs(n_layer), tensors), src)
     blob.unlink()
+    from gguf_tools.adopt import plan_adopt
+    from gguf_tools.gguf_file import open_gguf
+
+    ops.write_plan(plan_adopt(open_gguf(src), with_head_slot=True, head_type="q8_0"), full)  # a Q8_0 model's head
+    src.unlink()
+    trunk, sidecar = folder / "trunk.gguf", folder / "sidecar.gguf"
+    ops.strip(full, trunk)
+    ops.extract(full, sidecar)
+    full.unlink()
     return trunk, sidecar
 
 
@@ -120,12 +144,15 @@ def main() -> None:
             str(sidecar),
             "-o",
             str(folder / "packed.gguf"),
-            "--overwrite",
         ]
         rows = {"cp": [], "pack": []}
-        for _ in range(args.repeats):
-            rows["cp"].append(timed(["cp", str(trunk), str(folder / "copy.gguf")]))
-            rows["pack"].append(timed(cli))
+        cmds = {"cp": ["cp", str(trunk), str(folder / "copy.gguf")], "pack": cli}
+        for i in range(args.repeats):
+            for name in ("cp", "pack") if i % 2 == 0 else ("pack", "cp"):  # alternate who goes first
+                for out in ("copy.gguf", "packed.gguf"):
+                    (folder / out).unlink(missing_ok=True)
+                os.sync()  # each run starts with no dirty pages of the last one to write back
+                rows[name].append(timed(cmds[name]))
         base = timed([sys.executable, "-c", "import gguf_tools.ops, mtp_cli.cli"])
         res = {"trunk_bytes": size, "repeats": args.repeats, "python_import_rss_mb": base[1]}
         print(f"trunk: {size / 1e9:.2f} GB, repeats: {args.repeats}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, GGUFValueType
 
 from gguf_tools.errors import RefusedError
-from gguf_tools.gguf_file import GGUFFile, TensorEntry
+from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.gguf_write import KV, FileTensor, RowOrderTensor, Tensor, WritePlan
 from gguf_tools.names import (
     ADOPT_TARGET,
@@ -41,6 +41,7 @@ from gguf_tools.names import (
     block_suffix,
     key,
 )
+from gguf_tools.prescan import TensorEntry
 from gguf_tools.surgery import copy_kvs, layout_kvs
 
 log = logging.getLogger(__name__)
@@ -314,7 +315,7 @@ def adopted_kvs(gf: GGUFFile, dims: SourceDims) -> list[KV]:
         if kv.key == "general.architecture":
             kv = KV(kv.key, TARGET, kv.type)
         elif kv.key.startswith(src + "."):
-            kv = KV(TARGET + kv.key[len(src) :], kv.value, kv.type, kv.sub_type)
+            kv = KV(TARGET + kv.key[len(src) :], kv.value, kv.type, kv.sub_type, raw=kv.raw)  # same value
         kvs.append(kv)
     kvs = [kv for kv in kvs if kv.key != key(TARGET, "rope.dimension_count")]
     added = [

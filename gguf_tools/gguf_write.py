@@ -1,9 +1,11 @@
 """Write a GGUF from a plan: key-values, then tensors streamed from source files or given as arrays.
 
-The header goes through `gguf.GGUFWriter`; tensor bytes are copied range by range from their source
-file (copy_file_range where the OS has it), so memory does not grow with file size and a copied
-tensor is bit-identical to its source. Output goes through gguf_tools.atomic: a temporary file
-beside the target, renamed into place only when complete.
+The header is encoded here as gguf.GGUFWriter encodes it, except that a key-value copied from a
+source file keeps the source's bytes (a vocabulary is neither decoded nor re-encoded). Tensor bytes
+are copied from their source file (copy_file_range where the OS has it), a trunk's whole data section
+as one range where it keeps its layout, so memory does not grow with file size and a copied tensor is
+bit-identical to its source. Output goes through gguf_tools.atomic: written out of sight, published
+only when complete and checked.
 """
 
 from __future__ import annotations
@@ -11,22 +13,24 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from gguf_tools.atomic import atomic_output
 from gguf_tools.errors import BadFileError, RefusedError, WriteError
-from gguf_tools.gguf_file import Prescan, prescan
+from gguf_tools.prescan import GGUF_MAGIC, ArrayValue, Prescan, prescan_header
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
-CHUNK = 16 << 20
+CHUNK = 64 << 20
 ROW_WINDOW = 4 << 20  # bytes of output rows gathered at a time by a RowOrderTensor
 _CFR_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF, errno.EPERM}
 
@@ -37,6 +41,7 @@ class KV:
     value: Any
     type: GGUFValueType
     sub_type: GGUFValueType | None = None
+    raw: bytes | None = field(default=None, compare=False, repr=False)  # the value as a source file encodes it
 
 
 @dataclass(frozen=True)
@@ -128,47 +133,141 @@ def write_gguf(
     """Write `plan` to `out` atomically (gguf_tools.atomic): out of sight, checked, then published;
     an existing `out` has its replacement fsynced first (a new file skips that: it costs seconds
     per GB). Without `overwrite` an existing `out` is refused, even one created meanwhile.
-    `verify` sees the written header before it is published."""
-    with atomic_output(out, overwrite=overwrite) as tmp:
-        _write(plan, tmp, progress)
-        try:  # re-check what we wrote: a bug here must not hand a bad file to llama.cpp
-            scan = prescan(tmp)
-            if verify is not None:
-                verify(scan)
-        except BadFileError as e:
-            raise BadFileError(f"not written, it would be invalid ({e.message})", out) from None
+    The header is prescanned (and shown to `verify`) while the tensor data is copied, then read
+    back from the file with its size: a bug here must not hand a bad file to llama.cpp."""
+    offsets = _offsets(plan)
+    header = encode_header(plan, offsets)
+    data_start = _pad(len(header), plan.alignment)
+    size = data_start + (offsets[-1] + _pad(plan.tensors[-1].n_bytes, plan.alignment) if offsets else 0)
+    with atomic_output(out, overwrite=overwrite) as tmp, ThreadPoolExecutor(1) as pool:
+        check = pool.submit(_check_header, header, size, out, verify)
+        _write(plan, tmp, header + bytes(data_start - len(header)), offsets, size, progress)
+        check.result()
+        _check_written(tmp, header, size, out)
 
 
-def _write(plan: WritePlan, tmp: Path, progress: Progress | None) -> None:
-    writer = GGUFWriter(path=None, arch=plan.arch)
-    writer.data_alignment = plan.alignment
-    for kv in plan.kvs:
-        if kv.key == "general.architecture":
-            continue  # GGUFWriter writes it first from `arch`
-        writer.add_key_value(kv.key, kv.value, kv.type, sub_type=kv.sub_type)
-    for t in plan.tensors:
-        # uint8 + raw_dtype: the shape is given in bytes and converted by the writer; give ggml order via numpy order
-        writer.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.n_bytes, raw_dtype=t.type)
-    writer.write_header_to_file(path=tmp)
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    assert writer.fout is not None
-    fout = writer.fout[0]
+def _check_header(header: bytes, size: int, out: Path, verify: Callable[[Prescan], None] | None) -> None:
+    try:
+        scan = prescan_header(header, size, out)
+        if verify is not None:
+            verify(scan)
+    except BadFileError as e:
+        raise BadFileError(f"not written, it would be invalid ({e.message})", out) from None
+
+
+def _check_written(tmp: Path, header: bytes, size: int, out: Path) -> None:
+    with open(tmp, "rb") as f:
+        if os.fstat(f.fileno()).st_size != size or f.read(len(header)) != header:
+            raise BadFileError("not written: what reached the disk differs from what was written (a bug)", out)
+
+
+def _write(plan: WritePlan, tmp: Path, header: bytes, offsets: list[int], size: int, progress: Progress | None) -> None:
     total, done = plan.n_bytes, 0
     sources: dict[Path, BinaryIO] = {}
-    try:
-        for t in plan.tensors:
-            writer.write_padding(fout, fout.tell())
-            for n in _copy_tensor(t, fout, sources):
-                done += n
-                if progress:
-                    progress(done, total)
-            writer.write_padding(fout, t.n_bytes)
-        fout.flush()
-    finally:
-        writer.close()
-        for f in sources.values():
-            f.close()
+    with open(tmp, "r+b") as fout:  # (not "wb": ext4 flushes a file truncated on open when it is closed)
+        try:
+            fout.write(header)
+            for first, last, run in _runs(plan.tensors, offsets):
+                fout.seek(len(header) + offsets[first])
+                for n in _copy_run(plan.tensors[first : last + 1], run, fout, sources):
+                    done += n
+                    if progress:
+                        progress(min(done, total), total)
+            fout.truncate(size)  # the last tensor's padding
+        finally:
+            for f in sources.values():
+                f.close()
+
+
+def _pad(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def _offsets(plan: WritePlan) -> list[int]:
+    """Each tensor's offset in the data section: one after another, each padded to the alignment."""
+    out, pos = [], 0
+    for t in plan.tensors:
+        out.append(pos)
+        pos += _pad(t.n_bytes, plan.alignment)
+    return out
+
+
+def _runs(tensors: Sequence[Tensor], offsets: list[int]) -> Iterator[tuple[int, int, bool]]:
+    """(first, last, is_range): consecutive FileTensors of one source laid out there exactly as they
+    will be here (a trunk's whole data section, usually) make one range copied in one piece."""
+    i = 0
+    while i < len(tensors):
+        j = i
+        while j + 1 < len(tensors) and _continues(tensors[j], tensors[j + 1], offsets[j + 1] - offsets[j]):
+            j += 1
+        yield i, j, j > i
+        i = j + 1
+
+
+def _continues(a: Tensor, b: Tensor, step: int) -> bool:
+    return isinstance(a, FileTensor) and type(b) is FileTensor and a.path == b.path and b.offset - a.offset == step
+
+
+def _copy_run(run: Sequence[Tensor], is_range: bool, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> Iterator[int]:
+    if not is_range:
+        yield from _copy_tensor(run[0], fout, sources)
+        return
+    first, last = run[0], run[-1]
+    assert isinstance(first, FileTensor) and isinstance(last, FileTensor)
+    src = sources.get(first.path) or sources.setdefault(first.path, open(first.path, "rb"))
+    yield from _copy_range(src, first.offset, last.offset + last.n_bytes - first.offset, fout, first.path)
+
+
+# ---- the header: GGUF v3, little-endian, as gguf.GGUFWriter writes it -------------------------
+
+_PACK = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+
+
+def _string(s: str | bytes) -> bytes:
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def encode_value(vtype: GGUFValueType, value: Any, sub_type: GGUFValueType | None = None) -> bytes:
+    """A key's value as GGUF encodes it, type field first."""
+    head = struct.pack("<I", int(vtype))
+    if vtype == GGUFValueType.STRING:
+        return head + _string(value)
+    if vtype != GGUFValueType.ARRAY:
+        return head + struct.pack(_PACK[vtype], value)
+    if sub_type is None or sub_type == GGUFValueType.ARRAY:
+        raise ValueError("arrays need a scalar or string element type")
+    if isinstance(value, ArrayValue):
+        value = value.contents()
+    head += struct.pack("<IQ", int(sub_type), len(value))
+    if sub_type == GGUFValueType.STRING:
+        return head + b"".join(_string(v) for v in value)
+    return head + np.asarray(value, dtype=np.dtype(_PACK[sub_type])).tobytes()
+
+
+def encode_header(plan: WritePlan, offsets: Sequence[int]) -> bytes:
+    """Magic, counts, key-values (general.architecture first; a KV carrying its source's bytes is
+    copied verbatim) and tensor infos, unpadded."""
+    kvs = [kv for kv in plan.kvs if kv.key != "general.architecture"]
+    parts = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(plan.tensors), len(kvs) + 1)]
+    parts += [_string("general.architecture"), encode_value(GGUFValueType.STRING, plan.arch)]
+    for kv in kvs:
+        parts += [_string(kv.key), kv.raw if kv.raw is not None else encode_value(kv.type, kv.value, kv.sub_type)]
+    for t, off in zip(plan.tensors, offsets):
+        parts += [_string(t.name), struct.pack(f"<I{len(t.shape)}QIQ", len(t.shape), *t.shape, int(t.type), off)]
+    return b"".join(parts)
 
 
 def _copy_tensor(t: Tensor, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> Iterator[int]:

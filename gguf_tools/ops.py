@@ -11,9 +11,10 @@ from gguf import GGMLQuantizationType
 
 from gguf_tools.adopt import plan_adopt
 from gguf_tools.errors import BadFileError
-from gguf_tools.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
+from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
 from gguf_tools.names import block_index
+from gguf_tools.prescan import GGUF_MAGIC
 from gguf_tools.surgery import HeadSet, PackOptions, heads_from_gguf, plan_extract, plan_pack, plan_strip
 
 log = logging.getLogger(__name__)

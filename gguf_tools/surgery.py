@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
 from gguf_tools.errors import BadFileError, MismatchError, RefusedError
-from gguf_tools.gguf_file import GGUFFile, TensorEntry
+from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, Tensor, WritePlan
 from gguf_tools.names import (
     ADOPTABLE_ARCHS,
@@ -33,6 +33,7 @@ from gguf_tools.names import (
     nextn_shapes,
     rename_block,
 )
+from gguf_tools.prescan import ArrayValue, TensorEntry
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,16 @@ def trunk_tensors(gf: GGUFFile) -> list[TensorEntry]:
 
 
 def copy_kvs(gf: GGUFFile) -> list[KV]:
-    out = []
-    for f in gf.fields():
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
-        out.append(KV(f.name, f.contents(), vtype, sub))
+    """Every key-value in file order, each carrying its encoded bytes so an unchanged one is copied
+    verbatim; string arrays (vocabularies) stay undecoded ArrayValues, decoded only if iterated."""
+    out, raw = [], gf.raw_values()
+    for name, vtype in gf.scan.types.items():
+        v = gf.scan.values[name]
+        if isinstance(v, ArrayValue):
+            value, sub = (v if v.etype == GGUFValueType.STRING else v.contents()), v.etype
+        else:
+            value, sub = v, None
+        out.append(KV(name, value, vtype, sub, raw=raw[name]))
     return out
 
 

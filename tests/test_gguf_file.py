@@ -159,7 +159,7 @@ def test_missing_and_folder(tmp_path: Path):
 
 def test_a_big_endian_file_is_well_formed_but_refused(tmp_path: Path):
     """The prescan reads it (so the refusal is about byte order, not structure); opening refuses it."""
-    from gguf_tools.gguf_file import prescan
+    from gguf_tools.prescan import prescan
 
     p = tmp_path / "be.gguf"
     p.write_bytes(_big_endian())

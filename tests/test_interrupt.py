@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -86,18 +85,34 @@ def test_ctrl_c_during_start_up_imports_is_one_line_and_130(module):
     assert (r.returncode, r.stderr) == (130, "interrupted\n")
 
 
-def test_a_real_sigint_at_random_points_of_start_up_never_shows_a_traceback(tiny):
-    exe = [sys.executable, "-m", "mtp_cli", "inspect", str(tiny["full"])]
+_READY_THEN_RUN = """
+import sys
+from mtp_cli.__main__ import main  # what the console script does first
+sys.stderr.write("ready\\n"); sys.stderr.flush()
+sys.argv = ["mtp-cli", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_real_sigint_at_any_point_after_the_interpreter_starts_never_shows_a_traceback(tiny):
+    # (Python's own start-up and the console script's import of the entry module, a few milliseconds
+    # before any project code runs, are outside our reach: the test starts after them)
     codes = set()
-    for delay in (0.05, 0.1, 0.2, 0.3, 0.5, 0.8):
-        p = subprocess.Popen(exe, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for delay in (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4, 0.8):
+        p = subprocess.Popen(
+            [sys.executable, "-c", _READY_THEN_RUN, "inspect", str(tiny["full"])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stderr is not None and p.stderr.readline() == "ready\n"
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         out, errs = p.communicate(timeout=60)
         assert "Traceback" not in errs and "KeyboardInterrupt" not in errs, errs
-        # before Python installs its handler SIGINT kills outright (as the shell's 130); after: our line
-        assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, errs)
+        # -SIGINT: it landed while the interpreter was shutting down, its default action restored
+        assert p.returncode in (0, 130) or (p.returncode, errs) == (-signal.SIGINT, ""), (p.returncode, errs)
         if p.returncode == 130:
-            assert errs.strip().splitlines()[-1] == "interrupted"
+            assert errs.strip() == "interrupted", errs
         codes.add(p.returncode)
-    assert 130 in codes or os.cpu_count() is None  # at least one landed inside Python
+    assert 130 in codes

@@ -28,7 +28,8 @@ from typing import Any, Optional
 import platformdirs
 
 from gguf_tools.atomic import write_text
-from gguf_tools.gguf_file import ArrayValue, GGUFFile
+from gguf_tools.gguf_file import GGUFFile
+from gguf_tools.prescan import ArrayValue
 from mtp_cli import llama_ext as lx
 from mtp_cli.errors import ModelFileError, ProfileError
 from mtp_cli.speed.runs import setting_name
