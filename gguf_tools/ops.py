@@ -13,6 +13,7 @@ from gguf_tools.adopt import plan_adopt
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
+from gguf_tools.loadable import require_loadable
 from gguf_tools.names import block_index
 from gguf_tools.prescan import GGUF_MAGIC
 from gguf_tools.surgery import HeadSet, PackOptions, heads_from_gguf, plan_extract, plan_pack, plan_strip
@@ -29,9 +30,17 @@ class WriteResult:
 
 
 def write_plan(plan: WritePlan, out: Path, progress: Progress | None = None, *, overwrite: bool = False) -> WriteResult:
-    """Write a validated plan atomically; what was written."""
-    write_gguf(plan, out, progress, overwrite=overwrite)
+    """Write a validated plan atomically, refusing to publish a file llama.cpp would not load; what was written."""
+    write_gguf(plan, out, progress, overwrite=overwrite, verify=lambda scan: require_loadable(scan, out))
     return WriteResult(out, len(plan.tensors), plan.n_bytes, out.stat().st_size)
+
+
+def open_input(path: Path) -> GGUFFile:
+    """An input GGUF, refused if llama.cpp could not load even its trunk (a broken head may be what
+    the operation removes: the output is checked in full)."""
+    gf = open_gguf(path)
+    require_loadable(gf.scan, gf.path, mtp=False)
+    return gf
 
 
 def is_gguf(path: Path) -> bool:
@@ -47,7 +56,10 @@ def load_heads(source: Path, trunk: GGUFFile) -> HeadSet:
     if not source.exists():
         raise BadFileError("no such file or folder", source)
     if source.is_file() and is_gguf(source):
-        return heads_from_gguf(open_gguf(source))
+        src = open_gguf(source)
+        heads = heads_from_gguf(src)  # (first: an assistant drafter is refused for what it is)
+        require_loadable(src.scan, src.path, mtp=False)
+        return heads
     from gguf_tools import hf  # safetensors only when asked for
 
     if not hf.is_safetensors_source(source):
@@ -78,7 +90,7 @@ def pack(
     progress: Progress | None = None,
 ) -> WriteResult:
     check_output(out, [trunk_path, heads_source], overwrite)
-    trunk = open_gguf(trunk_path)
+    trunk = open_input(trunk_path)
     plan = plan_pack(trunk, load_heads(heads_source, trunk), opts)
     return write_plan(plan, out, progress, overwrite=overwrite)
 
@@ -94,16 +106,16 @@ def adopt(
     """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt); optionally append a
     randomly initialised MTP head block."""
     check_output(out, [path], overwrite)
-    return write_plan(plan_adopt(open_gguf(path), with_head_slot, seed), out, progress, overwrite=overwrite)
+    return write_plan(plan_adopt(open_input(path), with_head_slot, seed), out, progress, overwrite=overwrite)
 
 
 def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:
     check_output(out, [path], overwrite)
-    return write_plan(plan_strip(open_gguf(path)), out, progress, overwrite=overwrite)
+    return write_plan(plan_strip(open_input(path)), out, progress, overwrite=overwrite)
 
 
 def extract(
     path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None, head_only: bool = False
 ) -> WriteResult:
     check_output(out, [path], overwrite)
-    return write_plan(plan_extract(open_gguf(path), head_only), out, progress, overwrite=overwrite)
+    return write_plan(plan_extract(open_input(path), head_only), out, progress, overwrite=overwrite)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
 from gguf_tools.gguf_file import GGUFFile, open_gguf
+from gguf_tools.loadable import problems
 from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, MTP_ARCHS
 from gguf_tools.surgery import head_tensors
 
@@ -17,6 +18,7 @@ TRUNK_ONLY = "trunk-only"  # an MTP arch whose head is missing
 SIDECAR = "mtp-sidecar"  # head blocks only: load with -md, or pack into its trunk
 ASSISTANT = "assistant-drafter"  # a separate drafter that reads the target's KV cache
 NO_MTP_GRAPH = "no-mtp-graph"  # llama.cpp has no MTP graph for this arch
+INVALID = "invalid"  # llama.cpp would refuse it, or crash on it (gguf_tools.loadable)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class InspectReport:
     adoptable: bool = False  # `mtp-cli adopt` can re-express it as glm4moe
     adopt_blocker: str | None = None  # why an llama/qwen2/qwen3 file cannot be adopted
     adopted_from: str | None = None  # the source arch of a file `mtp-cli adopt` wrote
+    problems: list[str] = field(default_factory=list)  # why llama.cpp would not load it (verdict "invalid")
 
     @property
     def head_share(self) -> float:
@@ -63,6 +66,9 @@ def inspect_file(path: str | Path) -> InspectReport:
 
 
 def inspect_gguf(gf: GGUFFile) -> InspectReport:
+    found = problems(gf.scan)
+    if found:
+        return _invalid(gf, [p.line() for p in found])
     lay = gf.layout()
     heads = head_tensors(gf)
     rep = InspectReport(
@@ -86,6 +92,27 @@ def inspect_gguf(gf: GGUFFile) -> InspectReport:
         rep.adoptable = rep.adopt_blocker is None
     rep.verdict, rep.advice = _verdict(gf, rep)
     return rep
+
+
+def _invalid(gf: GGUFFile, lines: list[str]) -> InspectReport:
+    """What can be said safely about a file llama.cpp would not load: no layout is trusted."""
+    n = gf.arch_get("block_count", 0)
+    return InspectReport(
+        path=str(gf.path),
+        file_bytes=gf.size,
+        arch=gf.arch,
+        name=gf.get("general.name") if isinstance(gf.get("general.name"), str) else None,
+        block_count=n if isinstance(n, int) else 0,
+        trunk_blocks=0,
+        head_blocks=0,
+        n_embd=None,
+        n_vocab=None,
+        tensor_count=len(gf.tensors),
+        tensor_types=dict(Counter(t.type.name for t in gf.tensors.values()).most_common()),
+        verdict=INVALID,
+        advice=lines[0],
+        problems=lines,
+    )
 
 
 def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:

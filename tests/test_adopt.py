@@ -19,7 +19,8 @@ from gguf import GGUFValueType
 
 from gguf_tools import ops
 from gguf_tools.adopt import PROVENANCE_KEY, neox_order, plan_adopt
-from gguf_tools.errors import RefusedError, WriteError
+from gguf_tools.errors import BadFileError, RefusedError, WriteError
+from gguf_tools.loadable import problems
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, RowOrderTensor, WritePlan, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_arrays, head_block_tensors, unpack_head_block
@@ -450,7 +451,7 @@ REFUSALS = [
         "partial_rope",
         "qwen3",
         dict(kvs={"qwen3.rope.dimension_count": (8, U)}),
-        "qwen3.rope.dimension_count=8 is not the head size 16",
+        "qwen3.rope.dimension_count = 8, qwen3 needs the head dimension, 16",
     ),
     (
         "kq_norm_on_llama",
@@ -469,9 +470,9 @@ REFUSALS = [
         "extra_block",
         "llama",
         dict(add=(("blk.7.attn_norm.weight", np.ones(64)),)),
-        "blk.7.attn_norm.weight is past the last block",
+        "tensor 'blk.7.attn_norm.weight' is in block 7, past llama.block_count = 3",
     ),
-    ("other_arch", "llama", dict(arch="gpt2"), "architecture 'gpt2' is not one adopt re-expresses"),
+    ("other_arch", "llama", dict(arch="gpt2"), "gpt2.context_length is missing"),  # (llama.cpp's refusal comes first)
     (
         "no_eps",
         "llama",
@@ -485,11 +486,15 @@ REFUSALS = [
 def test_refusals_name_the_key_or_tensor(tiny, tmp_path, case):
     _, arch, edit, message = case
     src = edited(tiny(arch, "f32"), tmp_path / "src.gguf", **edit)
-    with pytest.raises(RefusedError, match="cannot adopt: .*" + re.escape(message)):
+    unloadable = problems(open_gguf(src).scan)  # llama.cpp itself would refuse it: that is said first
+    with pytest.raises((RefusedError, BadFileError), match=re.escape(message)) as ei:
         ops.adopt(src, tmp_path / "out.gguf")
+    assert ("not loadable by llama.cpp" if unloadable else "cannot adopt: ") in str(ei.value)
     assert not (tmp_path / "out.gguf").exists()
     rep = inspect_file(src)
-    if arch == rep.arch:
+    if unloadable:
+        assert rep.verdict == "invalid" and message in rep.advice
+    elif arch == rep.arch:
         assert not rep.adoptable and message.split()[0] in rep.adopt_blocker and "refuses" in rep.advice
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import struct
 from pathlib import Path
 
@@ -125,12 +126,12 @@ def _digest(p: Path) -> str:
 
 @pytest.mark.parametrize("hostile", list(CASES), indirect=True)
 @pytest.mark.parametrize("command", ["inspect", "strip", "extract", "pack-trunk", "pack-heads"])
-def test_cli_one_line_exit_2_nothing_written(hostile, command, tmp_path: Path):
+def test_cli_one_line_exit_2_nothing_written(hostile, command, tmp_path: Path, tiny_models):
     path, expected = hostile
     before = _digest(path)
     out = tmp_path / "out.gguf"
-    ok = tmp_path / "ok.gguf"  # an MTP arch, so that pack gets as far as reading the heads file
-    ok.write_bytes(Crafted(kvs=[kv_str("general.architecture", "glm4moe"), kv_u32("glm4moe.block_count", 1)]).build())
+    ok = tmp_path / "ok.gguf"  # a loadable trunk of an MTP arch, so that pack gets as far as reading the heads file
+    shutil.copyfile(tiny_models("glm4moe")["trunk"], ok)
     args = {
         "inspect": ["inspect", str(path)],
         "strip": ["strip", str(path), "-o", str(out)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,11 @@ import click
 
 from gguf_tools import ops
 from gguf_tools.names import ADOPTABLE_ARCHS, HEAD_TYPES
-from gguf_tools.report import inspect_file
+from gguf_tools.report import INVALID, inspect_file
 from gguf_tools.surgery import PackOptions
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
-from mtp_cli.cli.app import main
+from mtp_cli.cli.app import UserError, main
 
 
 def _write(what: str, op: Callable[..., ops.WriteResult], *args: Any, **kw: Any) -> None:
@@ -32,7 +33,11 @@ def inspect(file: Path, as_json: bool) -> None:
     rep = inspect_file(file)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=2))
+        if rep.verdict == INVALID:
+            sys.exit(2)
         return
+    if rep.verdict == INVALID:
+        raise UserError(f"{rep.path}: {rep.advice}")
     render.inspect_report(rep)
 
 

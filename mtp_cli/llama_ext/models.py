@@ -15,6 +15,7 @@ from typing import Any, Optional
 from llama_cpp import llama_cpp as _C
 
 from gguf_tools.gguf_file import GGUFFile, open_gguf
+from gguf_tools.loadable import require_loadable
 from mtp_cli.errors import LlamaError
 
 CTX_TYPE_TARGET: int = int(_C.LLAMA_CONTEXT_TYPE_DEFAULT)
@@ -87,6 +88,7 @@ def load_model(
     p = gf.path
     if gf.is_mtp_sidecar and not load_mtp:
         raise LlamaError(f"{p}: an MTP-only sidecar holds nothing but heads; load it with load_mtp=True")
+    require_loadable(gf.scan, p, mtp=load_mtp)  # llama.cpp aborts on what this refuses in one line
     params = _C.llama_model_default_params()
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else int(n_gpu_layers)
     params.load_mtp = bool(load_mtp)

@@ -1,0 +1,198 @@
+"""Hyperparameters llama.cpp asserts on: the generic ones (src/llama-model.cpp load_hparams) and
+each architecture's (src/models/*.cpp); gguf_tools.limits cites each rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gguf import GGUFValueType as T
+
+from gguf_tools.limits import EXPERT_GATING_FUNCS, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ROPE_SCALING_TYPES
+from gguf_tools.loadable.header import Header, Problem, check, problem
+
+_SSM = ("qwen35", "qwen35moe", "qwen3next")
+_UNIFORM = (
+    "attention.head_count",
+    "attention.head_count_kv",
+    "feed_forward_length",
+    "expert_used_count",
+    "expert_feed_forward_length",
+)
+_PER_LAYER_HEADS = ("mimo2", "step35", "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4-assistant")
+
+
+@check
+def layers(h: Header) -> Iterator[Problem]:
+    n, k = h.n_layers, h.key("block_count")
+    if h.has("block_count") and not 0 < n <= LLAMA_MAX_LAYERS:
+        yield problem("block-count", k, f"{k} = {n}, llama.cpp's limit is 1 to {LLAMA_MAX_LAYERS} blocks")
+    if h.n_nextn > n:
+        kn = h.key("nextn_predict_layers")
+        yield problem("nextn-layers", kn, f"{kn} = {h.n_nextn} is more than {k} = {n}")
+
+
+@check
+def experts(h: Header) -> Iterator[Problem]:
+    x, ku = h.u32("expert_count"), h.key("expert_used_count")
+    used = max(h.per_layer("expert_used_count"), default=0)
+    groups, g_used = h.u32("expert_group_count"), h.u32("expert_group_used_count")
+    kx, kg, kgu = h.key("expert_count"), h.key("expert_group_count"), h.key("expert_group_used_count")
+    if x > LLAMA_MAX_EXPERTS:
+        yield problem("expert-count", kx, f"{kx} = {x}, llama.cpp's limit is {LLAMA_MAX_EXPERTS}")
+    if used > x:
+        yield problem("experts-used", ku, f"{ku} = {used} is more than {kx} = {x}")
+    elif x > 0 and used == 0:
+        yield problem("experts-used", ku, f"{kx} = {x} but {ku} is 0")
+    if x > 0 and groups >= x:
+        yield problem("expert-groups", kg, f"{kg} = {groups} is not below {kx} = {x}")
+    elif x > 0 and groups > 1 and (x % groups or not 0 < g_used < groups):
+        yield problem(
+            "expert-groups",
+            kgu,
+            f"{kx} = {x}, {kg} = {groups}, {kgu} = {g_used}: groups must divide "
+            "the experts and 0 < groups used < groups",
+        )
+    elif x == 0 and groups:
+        yield problem("expert-groups", kg, f"{kg} = {groups} without experts")
+
+
+@check
+def attention(h: Header) -> Iterator[Problem]:
+    heads, kv = h.per_layer("attention.head_count"), h.per_layer("attention.head_count_kv")
+    if not h.has("attention.head_count_kv") and h.ints("attention.head_count_kv") is None:
+        kv = heads  # src/llama-model.cpp:1402-1404: a copy of head_count
+    for il, (a, b) in enumerate(zip(heads, kv)):
+        if a and (b == 0 or a % b):
+            k = h.key("attention.head_count_kv")
+            yield problem(
+                "head-groups",
+                k,
+                f"{h.key('attention.head_count')} = {a} is not a multiple of {k} = {b}"
+                + (f" (block {il})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""),
+            )
+            break
+    if h.arch not in _PER_LAYER_HEADS:
+        for name in _UNIFORM:
+            vals = h.ints(name)
+            if vals is not None and len(set(vals)) > 1:
+                k = h.key(name)
+                yield problem(
+                    "layer-arrays-uniform",
+                    k,
+                    f"{k} varies per block ({sorted(set(vals))}); llama.cpp builds every {h.arch} block from block 0's",
+                )
+    elif (vals := h.ints("expert_used_count")) is not None and len(set(vals)) > 1:
+        k = h.key("expert_used_count")
+        yield problem("layer-arrays-uniform", k, f"{k} varies per block ({sorted(set(vals))})")
+    for name in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"):
+        eps = h.scalar(name, T.FLOAT32)
+        if eps is not None and not eps >= 0:
+            yield problem("rms-eps", h.key(name), f"{h.key(name)} = {eps}, it must be >= 0")
+
+
+@check
+def rope(h: Header) -> Iterator[Problem]:
+    st = h.scalar("rope.scaling.type", T.STRING)
+    if st is not None and st not in ROPE_SCALING_TYPES:
+        k = h.key("rope.scaling.type")
+        yield problem("rope-scaling-type", k, f"{k} = {st!r}, llama.cpp knows {', '.join(ROPE_SCALING_TYPES)}")
+    dk, dv, n_rot = h.head_dims()
+    kr = h.key("rope.dimension_count")
+    if h.arch in ("llama", "qwen2", "qwen3") and h.per_layer("attention.head_count")[0] and n_rot != dk:
+        yield problem("rope-dims-exact", kr, f"{kr} = {n_rot}, {h.arch} needs the head dimension, {dk}")
+    elif h.arch != "deepseek2" and dk and not (0 < n_rot <= dk and n_rot % 2 == 0):
+        yield problem("rope-dims", kr, f"{kr} = {n_rot}, it must be even and 1 to the head dimension {dk}")
+    if dk != dv:
+        k = h.key("attention.value_length")
+        yield problem("head-dims-equal", k, f"{k} = {dv} differs from {h.key('attention.key_length')} = {dk}")
+    yield from _sections(h, dk)
+
+
+def _sections(h: Header, dk: int) -> Iterator[Problem]:
+    k = h.key("rope.dimension_sections")
+    s = h.ints("rope.dimension_sections")
+    if s is None:
+        if h.arch in ("qwen35", "qwen35moe") and not h.has("rope.dimension_sections"):
+            yield problem("required-key", k, f"{k} is missing")
+        return
+    if len(s) != 4:
+        yield problem("layer-array-length", k, f"{k} has {len(s)} entries, llama.cpp reads 4")
+        return
+    multi = h.arch in _SSM or (h.arch == "glm4moe" and s[0] > 0 and s[1] > 0)
+    if multi and not (max(s[:3]) > 0 and 0 < sum(s) <= dk):
+        yield problem("rope-sections", k, f"{k} = {s}: the sections must sum to 1..{dk} (the head dimension)")
+
+
+@check
+def per_arch(h: Header) -> Iterator[Problem]:
+    gating = h.u32("expert_gating_func")
+    if h.arch in ("glm4moe", "deepseek2", "step35") and gating not in EXPERT_GATING_FUNCS:
+        k = h.key("expert_gating_func")
+        yield problem("expert-gating", k, f"{k} = {gating}, llama.cpp knows 1 to 4")
+    if h.arch == "glm4moe":
+        if h.u32("expert_count") == 0 or h.per_layer("expert_used_count")[0] == 0:
+            k = h.key("expert_count")
+            yield problem("glm4moe-experts", k, f"{k} and expert_used_count must be > 0 for glm4moe")
+    if h.arch in _SSM:
+        yield from _ssm(h)
+    if h.arch == "deepseek2":
+        yield from _deepseek2(h)
+    if h.arch in ("mimo2", "step35"):
+        yield from _swa(h)
+
+
+def _ssm(h: Header) -> Iterator[Problem]:
+    if h.values.get(h.key("attention.recurrent_layers")) is None:
+        interval, k = h.u32("full_attention_interval", 4), h.key("full_attention_interval")
+        if interval == 0:
+            yield problem("recurrent-interval", k, f"{k} = 0")
+    groups, rank = h.u32("ssm.group_count"), h.u32("ssm.time_step_rank")
+    if groups == 0 or rank % groups:
+        k = h.key("ssm.time_step_rank")
+        yield problem("ssm-heads", k, f"{k} = {rank} is not a multiple of {h.key('ssm.group_count')} = {groups}")
+
+
+def _deepseek2(h: Header) -> Iterator[Problem]:
+    mla = h.u32("attention.key_length_mla") and h.u32("attention.value_length_mla")
+    dk, _, n_rot = h.head_dims()
+    kmla = h.u32("attention.key_length_mla") if mla else dk
+    kr = h.key("rope.dimension_count")
+    if kmla - n_rot < 1:
+        yield problem("deepseek2-rope", kr, f"{kr} = {n_rot} leaves no room in the head dimension {kmla}")
+    elif not (n_rot > 0 and n_rot % 2 == 0):
+        yield problem("rope-dims", kr, f"{kr} = {n_rot}, it must be even and > 0")
+    if h.f32("attention.temperature_scale") and not h.u32("attention.temperature_length"):
+        k = h.key("attention.temperature_scale")
+        yield problem("deepseek2-temperature", k, f"{k} is set without {h.key('attention.temperature_length')}")
+
+
+def _swa(h: Header) -> Iterator[Problem]:
+    k = h.key("attention.sliding_window_pattern")
+    pattern = h.ints("attention.sliding_window_pattern")
+    if pattern is None:
+        yield problem("required-key", k, f"{k} is missing (an array)")
+    elif not any(pattern):
+        yield problem("swa-pattern", k, f"{k} marks no sliding-window block")
+    if h.arch == "step35":
+        kr, n_rot = h.key("rope.dimension_count"), h.head_dims()[2]
+        if n_rot // 2 == 0 or (n_rot // 2) % 2:
+            yield problem("step35-rope", kr, f"{kr} = {n_rot}: half of it must be even and > 0")
+
+
+@check
+def head_block(h: Header) -> Iterator[Problem]:
+    n, n_trunk = h.n_nextn, h.n_layers - h.n_nextn
+    kn = h.key("nextn_predict_layers")
+    if n > 1 and h.arch != "step35":
+        yield problem("one-head-block", kn, f"{kn} = {n}; llama.cpp's {h.arch} MTP graph runs one head block")
+    if h.arch in ("glm4moe", "deepseek2") and n and h.u32("leading_dense_block_count") > n_trunk:
+        k = h.key("leading_dense_block_count")
+        yield problem(
+            "head-block-moe", k, f"{k} = {h.u32('leading_dense_block_count')} reaches the head block ({n_trunk})"
+        )
+    for i in range(max(n_trunk, 0), h.n_layers if n else 0):
+        for part in ("eh_proj", "enorm", "hnorm"):
+            name = f"blk.{i}.nextn.{part}.weight"
+            if name not in h.tensors:
+                yield problem("head-tensors", name, f"head block {i} has no {name}")
+                return
