@@ -119,7 +119,7 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "head-dims-equal",
-        "src/models/*.cpp GGML_ASSERT(n_embd_head == n_embd_head_k) key_length = value_length",
+        "src/models/glm4-moe.cpp:294, qwen2.cpp:56, qwen35.cpp:137 key_length = value_length",
         "aborts",
         "llama",
         "qwen2",
@@ -131,6 +131,32 @@ RULES: tuple[Rule, ...] = (
     _r("glm4moe-experts", "src/models/glm4-moe.cpp:42-43 expert_count > 0, expert_used_count > 0", "aborts", "glm4moe"),
     _r("recurrent-interval", "src/models/qwen35.cpp:21 (i + 1) % full_attention_interval", "SIGFPE", *_SSM_ARCHS),
     _r("ssm-heads", "src/models/qwen35.cpp:439 ssm.time_step_rank divisible by ssm.group_count", "aborts", *_SSM_ARCHS),
+    _r(
+        "ssm-inner",
+        "src/models/delta-net-base.cpp:472, ggml/src/ggml.c:2645 ssm.inner_size = state_size x time_step_rank",
+        "aborts",
+        *_SSM_ARCHS,
+    ),
+    _r(
+        "hybrid-layers",
+        "src/llama-graph.cpp:1111, src/llama-kv-cache.cpp:1492 a hybrid needs recurrent and attention blocks",
+        "aborts",
+        *_SSM_ARCHS,
+    ),
+    _r(
+        "gemma4-swa",
+        "src/models/gemma4.cpp:6, 16-20; src/llama-model.cpp:2807 the sliding-window keys and a SWA block",
+        "aborts",
+        "gemma4",
+        "gemma4-assistant",
+    ),
+    _r("gemma4-shared-kv", "src/llama-model.cpp:2782 block_count - shared_kv_layers >= 2", "aborts", "gemma4"),
+    _r(
+        "assistant-embd-out",
+        "src/models/gemma4-assistant.cpp:30 embedding_length_out carries the target's width",
+        "refuses",
+        "gemma4-assistant",
+    ),
     _r(
         "deepseek2-rope",
         "src/models/deepseek2.cpp:77 key_length_mla - rope.dimension_count >= 1",

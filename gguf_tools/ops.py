@@ -58,7 +58,7 @@ def load_heads(source: Path, trunk: GGUFFile) -> HeadSet:
     if source.is_file() and is_gguf(source):
         src = open_gguf(source)
         heads = heads_from_gguf(src)  # (first: an assistant drafter is refused for what it is)
-        require_loadable(src.scan, src.path, mtp=False)
+        require_loadable(src.scan, src.path)  # its heads are what it is for: the MTP rules apply
         return heads
     from gguf_tools import hf  # safetensors only when asked for
 

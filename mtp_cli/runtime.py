@@ -21,6 +21,7 @@ from typing import Optional
 
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
+from gguf_tools.loadable import require_loadable
 from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
@@ -33,9 +34,12 @@ from mtp_cli.stats import GenStats, TokenEvent
 
 
 def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
-    """Bounds-checked header read before llama.cpp ever sees the file."""
+    """Bounds-checked header read, and the trunk's llama.cpp limits, before anything else looks at
+    the file (load_model checks the head's too, when it loads one)."""
     try:
-        return open_gguf(path)
+        gf = open_gguf(path)
+        require_loadable(gf.scan, gf.path, mtp=False)
+        return gf
     except BadFileError as e:
         raise ModelFileError(f"{role}: {e}") from None
 

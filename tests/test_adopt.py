@@ -20,10 +20,10 @@ from gguf import GGUFValueType
 from gguf_tools import ops
 from gguf_tools.adopt import PROVENANCE_KEY, neox_order, plan_adopt
 from gguf_tools.errors import BadFileError, RefusedError, WriteError
-from gguf_tools.loadable import problems
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, RowOrderTensor, WritePlan, write_gguf
 from gguf_tools.glm4moe_head import HeadDims, head_block_arrays, head_block_tensors, unpack_head_block
+from gguf_tools.loadable import problems
 from gguf_tools.report import FULL, NO_MTP_GRAPH, TRUNK_ONLY, inspect_file
 from gguf_tools.surgery import copy_kvs
 from mtp_cli import llama_ext as lx

@@ -14,6 +14,8 @@ from gguf_tools.loadable import hparams, keys, tensors, vocab  # noqa: F401  (ea
 from gguf_tools.loadable.header import CHECKS, Header, Problem
 from gguf_tools.prescan import Prescan
 
+_ORDER = ("keys", "hparams", "vocab", "tensors")  # the container and key types first, as llama.cpp reads them
+
 
 def problems(scan: Prescan, *, mtp: bool | None = None) -> list[Problem]:
     """Every rule the header breaks. `mtp`: also the rules of an MTP context (default: when the
@@ -21,7 +23,7 @@ def problems(scan: Prescan, *, mtp: bool | None = None) -> list[Problem]:
     h = Header(scan)
     use_mtp = h.n_nextn > 0 if mtp is None else mtp
     out: list[Problem] = []
-    for fn in CHECKS:
+    for fn in sorted(CHECKS, key=lambda f: _ORDER.index(f.__module__.rsplit(".", 1)[-1])):
         for p in fn(h):
             if (not p.rule.mtp or use_mtp) and (not p.rule.archs or h.arch in p.rule.archs):
                 out.append(p)

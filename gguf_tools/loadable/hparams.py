@@ -18,7 +18,7 @@ _UNIFORM = (
     "expert_used_count",
     "expert_feed_forward_length",
 )
-_PER_LAYER_HEADS = ("mimo2", "step35", "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4-assistant")
+_PER_LAYER_HEADS = ("mimo2", "step35", "gemma4", "gemma4-assistant")
 
 
 @check
@@ -61,7 +61,10 @@ def attention(h: Header) -> Iterator[Problem]:
     heads, kv = h.per_layer("attention.head_count"), h.per_layer("attention.head_count_kv")
     if not h.has("attention.head_count_kv") and h.ints("attention.head_count_kv") is None:
         kv = heads  # src/llama-model.cpp:1402-1404: a copy of head_count
+    recr = recurrent_blocks(h) if h.arch in _SSM else None
     for il, (a, b) in enumerate(zip(heads, kv)):
+        if recr is not None and il < len(recr) and recr[il]:
+            continue  # a recurrent block has no attention
         if a and (b == 0 or a % b):
             k = h.key("attention.head_count_kv")
             yield problem(
@@ -74,6 +77,8 @@ def attention(h: Header) -> Iterator[Problem]:
     if h.arch not in _PER_LAYER_HEADS:
         for name in _UNIFORM:
             vals = h.ints(name)
+            if vals is not None and recr is not None:  # recurrent blocks may say 0
+                vals = [v for i, v in enumerate(vals) if i >= len(recr) or not recr[i]]
             if vals is not None and len(set(vals)) > 1:
                 k = h.key(name)
                 yield problem(
@@ -135,21 +140,76 @@ def per_arch(h: Header) -> Iterator[Problem]:
             yield problem("glm4moe-experts", k, f"{k} and expert_used_count must be > 0 for glm4moe")
     if h.arch in _SSM:
         yield from _ssm(h)
+    if h.arch in ("gemma4", "gemma4-assistant"):
+        yield from _gemma4(h)
     if h.arch == "deepseek2":
         yield from _deepseek2(h)
     if h.arch in ("mimo2", "step35"):
         yield from _swa(h)
 
 
+def recurrent_blocks(h: Header) -> list[bool] | None:
+    """Which blocks are recurrent, as qwen35's loader decides (src/models/qwen35.cpp:17-23); None
+    when full_attention_interval is 0 (llama.cpp divides by it)."""
+    flags = h.ints("attention.recurrent_layers")
+    if flags is not None:
+        return [bool(f) for f in flags]
+    interval, n_trunk = h.u32("full_attention_interval", 4), h.n_layers - h.n_nextn
+    if interval == 0:
+        return None
+    return [i < n_trunk and (i + 1) % interval != 0 for i in range(h.n_layers)]
+
+
 def _ssm(h: Header) -> Iterator[Problem]:
-    if h.values.get(h.key("attention.recurrent_layers")) is None:
-        interval, k = h.u32("full_attention_interval", 4), h.key("full_attention_interval")
-        if interval == 0:
-            yield problem("recurrent-interval", k, f"{k} = 0")
+    recr = recurrent_blocks(h)
+    if recr is None:
+        k = h.key("full_attention_interval")
+        yield problem("recurrent-interval", k, f"{k} = 0")
+    elif not (any(recr) and not all(recr[: h.n_layers - h.n_nextn])):
+        k = h.key("full_attention_interval")
+        yield problem(
+            "hybrid-layers",
+            k,
+            f"{k} = {h.u32('full_attention_interval', 4)} makes "
+            + ("no" if not any(recr) else "every")
+            + " trunk block recurrent",
+        )
     groups, rank = h.u32("ssm.group_count"), h.u32("ssm.time_step_rank")
-    if groups == 0 or rank % groups:
+    if groups == 0 or rank == 0 or rank % groups:
         k = h.key("ssm.time_step_rank")
         yield problem("ssm-heads", k, f"{k} = {rank} is not a multiple of {h.key('ssm.group_count')} = {groups}")
+    inner, state = h.u32("ssm.inner_size"), h.u32("ssm.state_size")
+    if inner != state * rank:
+        k = h.key("ssm.inner_size")
+        yield problem("ssm-inner", k, f"{k} = {inner}, not {h.key('ssm.state_size')} x time_step_rank = {state * rank}")
+
+
+def _gemma4(h: Header) -> Iterator[Problem]:
+    k = h.key("attention.sliding_window_pattern")
+    pattern = h.ints("attention.sliding_window_pattern")
+    if pattern is None:
+        yield problem("gemma4-swa", k, f"{k} is missing (an array)")
+    elif not any(pattern):
+        yield problem("gemma4-swa", k, f"{k} marks no sliding-window block")
+    for name in ("attention.sliding_window", "attention.key_length_swa", "attention.value_length_swa"):
+        if not h.has(name):
+            yield problem("gemma4-swa", h.key(name), f"{h.key(name)} is missing")
+    swa_k, kr = h.u32("attention.key_length_swa"), h.key("rope.dimension_count_swa")
+    n_rot_swa = h.u32("rope.dimension_count_swa", h.head_dims()[2])
+    if swa_k and not (0 < n_rot_swa <= swa_k and n_rot_swa % 2 == 0):
+        yield problem(
+            "rope-dims", kr, f"{kr} = {n_rot_swa}, it must be even and 1 to the sliding-window head dimension {swa_k}"
+        )
+    shared = h.u32("attention.shared_kv_layers")
+    if h.arch == "gemma4" and shared and h.n_layers - shared < 2:
+        ks = h.key("attention.shared_kv_layers")
+        yield problem(
+            "gemma4-shared-kv", ks, f"{ks} = {shared} leaves fewer than 2 of {h.n_layers} blocks their own KV"
+        )
+    out = h.u32("embedding_length_out")
+    if h.arch == "gemma4-assistant" and out in (0, h.n_embd):
+        ko = h.key("embedding_length_out")
+        yield problem("assistant-embd-out", ko, f"{ko} = {out}: it must name the target's width, not the assistant's")
 
 
 def _deepseek2(h: Header) -> Iterator[Problem]:

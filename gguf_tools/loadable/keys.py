@@ -131,6 +131,13 @@ REQUIRED = {  # `{arch}.name` keys load_hparams reads with required = true
     "deepseek2": ("attention.kv_lora_rank", "expert_feed_forward_length", "expert_shared_count"),
     "mimo2": ("attention.sliding_window", "expert_feed_forward_length"),
     "step35": ("attention.sliding_window", "expert_feed_forward_length"),
+    "gemma4": (
+        "attention.sliding_window",
+        "attention.key_length_swa",
+        "attention.value_length_swa",
+        "embedding_length_per_layer_input",
+    ),
+    "gemma4-assistant": ("attention.sliding_window", "attention.key_length_swa", "attention.value_length_swa"),
     "qwen35": ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"),
 }
 REQUIRED["qwen35moe"] = REQUIRED["qwen3next"] = REQUIRED["qwen35"]
