@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 from gguf import GGUFValueType as T
 
 from gguf_tools.limits import BPE_MODELS, NO_TOKENIZER_MODELS, TOKEN_TYPE_BYTE, TOKENIZER_MODELS
@@ -64,18 +65,21 @@ def _arrays(h: Header, n: int) -> Iterator[Problem]:
 
 
 def _tokens(h: Header, model: str, toks: ArrayValue) -> Iterator[Problem]:
-    texts = [t if t else f"[EMPTY_{i}]".encode() for i, t in enumerate(toks.items)]
-    if len(set(texts)) != len(texts):
+    items: list[bytes] = toks.items  # type: ignore[assignment]
+    unique = set(items)
+    if len(unique) != len(items) or b"" in unique:  # (llama.cpp names an empty token "[EMPTY_i]")
+        texts = [t if t else f"[EMPTY_{i}]".encode() for i, t in enumerate(items)]
         seen: set[bytes] = set()
-        dup = next(t for t in texts if t in seen or seen.add(t))  # type: ignore[func-returns-value]
-        yield problem("duplicate-token", "tokenizer.ggml.tokens", f"tokenizer.ggml.tokens holds {dup!r} twice")
+        dup = next((t for t in texts if t in seen or seen.add(t)), None)  # type: ignore[func-returns-value]
+        if dup is not None:
+            yield problem("duplicate-token", "tokenizer.ggml.tokens", f"tokenizer.ggml.tokens holds {dup!r} twice")
     types = h.values.get("tokenizer.ggml.token_type")
     if isinstance(types, ArrayValue) and types.etype == T.INT32 and types.count >= toks.count:
-        for i in (i for i, t in enumerate(types.items[: toks.count]) if t == TOKEN_TYPE_BYTE):
-            if model == "bert" or len(texts[i]) < 3:
+        for i in np.flatnonzero(np.asarray(types.items[: toks.count]) == TOKEN_TYPE_BYTE):
+            if model == "bert" or len(items[i]) < 3:
                 why = "in a bert vocabulary" if model == "bert" else "whose text is not <0xXX>"
                 yield problem(
-                    "byte-token", "tokenizer.ggml.token_type", f"token {i} ({texts[i]!r}) is a byte token {why}"
+                    "byte-token", "tokenizer.ggml.token_type", f"token {i} ({items[i]!r}) is a byte token {why}"
                 )
                 return
 
