@@ -114,9 +114,8 @@ def races(trunk: Path, sidecar: Path, folder: Path, n: int) -> dict:
 
 
 def report(res: dict) -> None:
-    print(
-        f"pack of a {res['trunk_bytes'] / 1e9:.2f} GB trunk ({res['out_bytes'] / 1e9:.2f} GB out): {res['pack_s']:.1f} s"
-    )
+    gb_in, gb_out = res["trunk_bytes"] / 1e9, res["out_bytes"] / 1e9
+    print(f"pack of a {gb_in:.2f} GB trunk ({gb_out:.2f} GB out): {res['pack_s']:.1f} s")
     for k, label in (("kills", "O_TMPFILE"), ("kills_named", "named temporaries")):
         v = res[k]
         print(
