@@ -5,6 +5,7 @@ line and exit 2, writing nothing and changing nothing."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -169,3 +170,30 @@ def test_every_rule_is_exercised():
     unreachable = {"string-length", "array-length"}  # a string or array of 2**30: a test file of gigabytes
     assert {r.id for r in RULES} - covered == unreachable
     assert all(":" in r.source for r in RULES)  # each cites a source line
+
+
+def test_inspect_json_reports_invalid_with_every_problem(corpus):
+    r = CliRunner().invoke(main, ["inspect", "--json", str(corpus["block_count above the layer limit"])])
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "invalid" and doc["problems"] and "glm4moe.block_count = 600" in doc["advice"]
+
+
+def test_pack_refuses_to_publish_what_llama_cpp_would_not_load(tiny_models, tmp_path, monkeypatch):
+    from gguf_tools import ops
+    from gguf_tools.errors import BadFileError
+    from gguf_tools.gguf_write import KV
+
+    g = tiny_models("glm4moe")
+    real = ops.plan_pack
+
+    def two_heads(*a, **k):  # a planning bug that declares a second head block
+        plan = real(*a, **k)
+        kvs = [KV(kv.key, 2, kv.type) if kv.key.endswith("nextn_predict_layers") else kv for kv in plan.kvs]
+        return type(plan)(plan.arch, plan.alignment, kvs, plan.tensors)
+
+    monkeypatch.setattr(ops, "plan_pack", two_heads)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(BadFileError, match="not written, it would be invalid .*nextn_predict_layers = 2"):
+        ops.pack(g["trunk"], g["sidecar"], out)
+    assert list(tmp_path.iterdir()) == []
