@@ -156,6 +156,10 @@ def _remove_if_unlocked(path: Path) -> bool:
         os.close(fd)
 
 
+def _temp_name(out: Path) -> Path:
+    return out.parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
+
+
 class _Temp:
     """The file being written: unnamed (`fd` only) or named (`name`, flocked through `fd`)."""
 
@@ -165,13 +169,17 @@ class _Temp:
         if _tmpfile_works(folder, os.stat(folder).st_dev):
             self.fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
         else:
-            self.name = folder / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
+            self.name = _temp_name(out)
             self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            _lock(self.fd)
-        if hasattr(os, "fchmod"):
-            os.fchmod(self.fd, mode)
-        else:
-            os.chmod(self.path, mode)
+        try:
+            _lock(self.fd)  # held until closed: no sweep removes a name this file gets
+            if hasattr(os, "fchmod"):
+                os.fchmod(self.fd, mode)
+            else:
+                os.chmod(self.path, mode)
+        except BaseException:
+            self.discard()
+            raise
 
     @property
     def path(self) -> Path:
@@ -184,8 +192,8 @@ class _Temp:
             if not overwrite:
                 _link_fd(self.fd, out)
                 return
-            self.name = out.parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
-            _link_fd(self.fd, self.name)  # still flock-free of sweeps: our pid is alive
+            self.name = _temp_name(out)
+            _link_fd(self.fd, self.name)  # a name for os.replace, for a moment
         if overwrite:
             os.replace(self.name, out)
         else:

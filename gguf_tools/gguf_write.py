@@ -141,8 +141,9 @@ def write_gguf(
     size = data_start + (offsets[-1] + _pad(plan.tensors[-1].n_bytes, plan.alignment) if offsets else 0)
     with atomic_output(out, overwrite=overwrite) as tmp, ThreadPoolExecutor(1) as pool:
         check = pool.submit(_check_header, header, size, out, verify)
-        _write(plan, tmp, header + bytes(data_start - len(header)), offsets, size, progress)
-        check.result()
+        failed = lambda: check.done() and check.exception() is not None  # noqa: E731
+        _write(plan, tmp, header + bytes(data_start - len(header)), offsets, size, progress, failed)
+        check.result()  # a refusal stops the copy at its next chunk, and is raised here
         _check_written(tmp, header, size, out)
 
 
@@ -161,7 +162,15 @@ def _check_written(tmp: Path, header: bytes, size: int, out: Path) -> None:
             raise BadFileError("not written: what reached the disk differs from what was written (a bug)", out)
 
 
-def _write(plan: WritePlan, tmp: Path, header: bytes, offsets: list[int], size: int, progress: Progress | None) -> None:
+def _write(
+    plan: WritePlan,
+    tmp: Path,
+    header: bytes,
+    offsets: list[int],
+    size: int,
+    progress: Progress | None,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
     total, done = plan.n_bytes, 0
     sources: dict[Path, BinaryIO] = {}
     with open(tmp, "r+b") as fout:  # (not "wb": ext4 flushes a file truncated on open when it is closed)
@@ -173,6 +182,8 @@ def _write(plan: WritePlan, tmp: Path, header: bytes, offsets: list[int], size: 
                     done += n
                     if progress:
                         progress(min(done, total), total)
+                    if stop():
+                        return
             fout.truncate(size)  # the last tensor's padding
         finally:
             for f in sources.values():
