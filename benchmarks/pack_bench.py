@@ -35,7 +35,9 @@ def timed(cmd: list[str], cwd: Path | None = None) -> tuple[float, float]:
     return dt, usage.ru_maxrss / 1024
 
 
-def measure(folder: Path, repeats: int, baseline: Path | None) -> dict[str, list[tuple[float, float]]]:
+def measure(
+    folder: Path, repeats: int, baseline: Path | None, settle: float = 3.0
+) -> dict[str, list[tuple[float, float]]]:
     """cp, pack (and pack from the `baseline` source tree), interleaved, each from a synced disk."""
     trunk, sidecar = folder / "trunk.gguf", folder / "sidecar.gguf"
     outs = {"cp": folder / "copy.gguf", "pack": folder / "packed.gguf", "baseline": folder / "packed-base.gguf"}
@@ -52,6 +54,7 @@ def measure(folder: Path, repeats: int, baseline: Path | None) -> dict[str, list
             for out in outs.values():
                 out.unlink(missing_ok=True)
             os.sync()  # each run starts with no dirty pages of the last one to write back
+            time.sleep(settle)  # and the VM's disk done with them (a run right after another ran 2x slower)
             rows[name].append(timed(cmds[name], cwds[name]))
     return rows
 

@@ -30,7 +30,7 @@ from gguf_tools.prescan import GGUF_MAGIC, ArrayValue, Prescan, prescan_header
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
-CHUNK = 64 << 20
+CHUNK = 256 << 20
 ROW_WINDOW = 4 << 20  # bytes of output rows gathered at a time by a RowOrderTensor
 _CFR_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF, errno.EPERM}
 
@@ -219,13 +219,26 @@ def _continues(a: Tensor, b: Tensor, step: int) -> bool:
     return isinstance(a, FileTensor) and type(b) is FileTensor and a.path == b.path and b.offset - a.offset == step
 
 
+def _source(path: Path, sources: dict[Path, BinaryIO]) -> BinaryIO:
+    """`path` opened once for reading, read ahead as a stream (cp does the same: it halves a GB copy here)."""
+    src = sources.get(path)
+    if src is None:
+        try:
+            src = sources[path] = open(path, "rb")
+        except OSError as e:
+            raise BadFileError(f"cannot read: {e.strerror or e}", path) from None
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(src.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return src
+
+
 def _copy_run(run: Sequence[Tensor], is_range: bool, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> Iterator[int]:
     if not is_range:
         yield from _copy_tensor(run[0], fout, sources)
         return
     first, last = run[0], run[-1]
     assert isinstance(first, FileTensor) and isinstance(last, FileTensor)
-    src = sources.get(first.path) or sources.setdefault(first.path, open(first.path, "rb"))
+    src = _source(first.path, sources)
     yield from _copy_range(src, first.offset, last.offset + last.n_bytes - first.offset, fout, first.path)
 
 
@@ -286,9 +299,7 @@ def _copy_tensor(t: Tensor, fout: BinaryIO, sources: dict[Path, BinaryIO]) -> It
         fout.write(np.ascontiguousarray(t.data).tobytes())
         yield t.n_bytes
         return
-    src = sources.get(t.path)
-    if src is None:
-        src = sources[t.path] = open(t.path, "rb")
+    src = _source(t.path, sources)
     if isinstance(t, RowOrderTensor):
         yield from _copy_rows(src, t, fout)
     else:
