@@ -202,7 +202,7 @@ class VerifyLoop:
             self._stopped("eog")
             return True
         self.emitted += 1
-        self.stats.n_tokens = self.emitted
+        self.stats.n_tokens, self.stats.n_first = self.emitted, 1
         t = _now()
         yield TokenEvent(tok, self.utf8.decode(self.pieces(tok)), source, self.step)
         self.t_consumer += _now() - t

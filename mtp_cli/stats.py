@@ -22,6 +22,7 @@ class TokenEvent:
 _SUMMED = (
     "n_prompt",
     "n_tokens",
+    "n_first",
     "t_prompt",
     "t_gen",
     "t_consumer",
@@ -50,6 +51,7 @@ class GenStats:
     n_max: int = 0  # effective draft length limit (after the drafter's own cap)
     n_prompt: int = 0
     n_tokens: int = 0  # generated tokens (an EOG token that ended generation is not counted)
+    n_first: int = 0  # of those, sampled from a prompt pass's logits (1 per generation that emitted any)
     t_prompt: float = 0.0  # seconds: prompt decode (target + drafter catch-up) + first sample
     t_gen: float = 0.0  # seconds spent generating after the prompt, excluding time the consumer held
     t_consumer: float = 0.0  # seconds the caller spent between receiving an event and asking for the next
@@ -99,7 +101,10 @@ class GenStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.n_tokens / self.t_gen if self.t_gen > 0 else 0.0
+        """Tokens generated after the prompt pass per second of generating them; 0.0 when there were
+        none (`-n 1`: the one token is the prompt pass's, with no generation time to divide by)."""
+        n = self.n_tokens - self.n_first
+        return n / self.t_gen if n > 0 and self.t_gen > 0 else 0.0
 
     @property
     def prompt_tokens_per_second(self) -> float:

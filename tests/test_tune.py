@@ -101,3 +101,16 @@ def test_cli_errors_one_line_exit_2(models, tmp_path, config_dir, args, msg):
     r = run_cli(*args)
     assert r.exit_code == 2, r.output
     assert msg in r.output and len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_bench_and_generate_report_no_rate_for_a_single_token(models):
+    """-n 1: the token is the prompt pass's, with no generation time to divide by (it read 15,000+ tok/s)."""
+    path = str(models(head_noise=1.0)["full"])
+    r = run_cli("bench", "-m", path, "-n", "1", "--repeats", "1", "-t", "1", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert all(x.get("skipped") or (x["tokens_per_second"] == 0 and x["ratio_vs_none"] is None) for x in rows), rows
+    r = run_cli("generate", "-m", path, "-p", "hello", "-n", "1", "--temp", "0", "-t", "1")
+    assert r.exit_code == 0 and "1 generated (none after the prompt pass to time)" in r.stderr, r.output
+    r = run_cli("generate", "-m", path, "-p", "hello", "-n", "1", "--temp", "0", "-t", "1", "--json")
+    assert json.loads(r.stdout)["stats"]["tokens_per_second"] == 0.0

@@ -58,7 +58,9 @@ STOP_WORDS = {
 def gen_stats(s: Any) -> None:
     err.print(
         f"[dim]{s.n_prompt} prompt tokens at {s.prompt_tokens_per_second:.1f} t/s; "
-        f"{s.n_tokens} generated at {s.tokens_per_second:.1f} t/s; stop: "
+        f"{s.n_tokens} generated "
+        + (f"at {s.tokens_per_second:.1f} t/s" if s.tokens_per_second else "(none after the prompt pass to time)")
+        + "; stop: "
         f"{STOP_WORDS.get(s.stop_reason, s.stop_reason)}[/]",
         highlight=False,
     )

@@ -127,7 +127,7 @@ def bench(
             det = details.get(s.name, "")
             extra = _adaptive_detail(res)
             det = "; ".join(x for x in (det, extra) if x)
-            out.rows.append(BenchRow(s.name, det, res, res.tokens_per_second / none_tps if none_tps else None))
+            out.rows.append(BenchRow(s.name, det, res, _ratio(res.tokens_per_second, none_tps)))
         if not has_head:
             for name in [setting_name("mtp", n) for n in n_values] + ["auto", "adaptive"]:
                 out.rows.append(BenchRow(name, "no MTP head", None))
@@ -148,6 +148,11 @@ def _mtp_settings(rt: Runtime, base: GenConfig, n_values: Sequence[int], details
     out.append(Setting("adaptive", replace(mtp, draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
     details["adaptive"] = ""
     return out
+
+
+def _ratio(tps: float, none_tps: float) -> float | None:
+    """A speed ratio, or None where either side had no generation time (nothing after the prompt pass)."""
+    return tps / none_tps if tps > 0 and none_tps > 0 else None
 
 
 __all__ = ["bench", "BenchResult", "BenchRow", "BenchEvent", "DEFAULT_NS"]
