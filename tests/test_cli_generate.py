@@ -196,3 +196,33 @@ def test_a_setting_this_command_lacks_is_spelled_as_the_command_that_has_it(tmp_
     write_gguf(WritePlan(arch, plan.alignment, kvs, plan.tensors), drafter)
     r = CliRunner().invoke(main, ["pack", str(trunk), "--heads", str(drafter), "-o", str(tmp_path / "o.gguf")])
     assert r.exit_code == 2 and "as the draft model (-md) instead of packing it" in r.output, r.output
+
+
+def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
+    """A non-UTF-8 byte in -p is one line (it was a traceback), as in -f; -f - reads standard input; a BOM is dropped."""
+    import os
+    import subprocess
+    import sys
+
+    bad = os.fsdecode(b"caf\xe9")  # what Python makes of a Latin-1 argv byte
+    r = run("-m", str(tiny["full"]), "-p", bad, "-n", "2")
+    assert r.exit_code == 2 and "-p: the prompt is not UTF-8 (byte 0xe9 at offset 3)" in r.output, r.output
+    f = tmp_path / "p.txt"
+    f.write_bytes(b"caf\xe9")
+    r = run("-m", str(tiny["full"]), "-f", str(f), "-n", "2")
+    assert r.exit_code == 2 and "not UTF-8 (byte 0xe9 at offset 3)" in r.output
+    f.write_bytes("\ufeffhello world".encode())
+    from_file = gen_json("-m", str(tiny["full"]), "-f", str(f), "-n", "8")
+    assert from_file["prompt"] == "hello world"
+    from_stdin = CliRunner().invoke(
+        main,
+        ["generate", "-m", str(tiny["full"]), "-f", "-", "-n", "8", "--json", "-t", "2", "--temp", "0"],
+        input="\ufeffhello world".encode(),
+    )
+    assert from_stdin.exit_code == 0 and json.loads(from_stdin.stdout)["text"] == from_file["text"]
+    # and a real argv byte, through the console script
+    r2 = subprocess.run(
+        [sys.executable, "-m", "mtp_cli", "generate", "-m", str(tiny["full"]), "-p", b"caf\xe9", "-n", "2"],
+        capture_output=True,
+    )
+    assert r2.returncode == 2 and b"Traceback" not in r2.stderr and b"not UTF-8" in r2.stderr

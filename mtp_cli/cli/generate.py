@@ -69,7 +69,7 @@ class SpecTypeOption(click.Option):
     "--spec-type mtp, --spec-draft-n-max auto and a sample prompt unless given].",
 )
 @click.option("-p", "--prompt", help="Prompt text.")
-@click.option("-f", "--file", "prompt_file", type=opt.PATH, help="Read the prompt from a file.")
+@click.option("-f", "--file", "prompt_file", type=opt.PATH, help="Read the prompt from a file (- : standard input).")
 @click.option(
     "-n", "--n-predict", "n_predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text)."
 )
@@ -190,11 +190,23 @@ def _demo_defaults(opts: dict[str, Any], prompt: str | None, prompt_file: Path |
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt as text: -p as given, -f FILE or -f - (standard input) as UTF-8; a BOM dropped."""
     if prompt_file is not None:
+        name = "standard input" if str(prompt_file) == "-" else str(prompt_file)
         try:
-            return prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"{prompt_file}: cannot read the prompt: {getattr(e, 'strerror', None) or e}") from None
+            raw = sys.stdin.buffer.read() if str(prompt_file) == "-" else prompt_file.read_bytes()
+            return _text(raw, name)
+        except OSError as e:
+            raise UserError(f"{name}: cannot read the prompt: {e.strerror or e}") from None
     if prompt is None:
         raise click.UsageError("give a prompt with -p TEXT or -f FILE")
-    return prompt
+    # (argv bytes that are not UTF-8 arrive as lone surrogates: give them back as bytes to decode)
+    return _text(prompt.encode("utf-8", "surrogateescape"), "-p")
+
+
+def _text(raw: bytes, name: str) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{name}: the prompt is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    return text[1:] if text.startswith("\ufeff") else text
