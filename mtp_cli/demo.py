@@ -55,30 +55,43 @@ def source_model() -> Path:
     return path
 
 
-def _key(source: Path, head: Path) -> str:
+def _head_key(head: Path) -> str:
     try:
-        h = hashlib.sha256(head.read_bytes())
+        return hashlib.sha256(head.read_bytes()).hexdigest()[:8]
     except OSError as e:
         raise DemoError(f"{head}: the shipped MTP head cannot be read: {e.strerror or e} (reinstall mtp-cli)") from None
-    st = source.stat()
-    h.update(f"{source.name}:{st.st_size}".encode())
-    return h.hexdigest()[:12]
+
+
+def _source_key(source: Path) -> str:
+    return hashlib.sha256(f"{source.name}:{source.stat().st_size}".encode()).hexdigest()[:8]
+
+
+_PREFIX = "smollm2-135m-instruct-mtp-"
 
 
 def demo_path(source: Path | None = None, head: Path = DEMO_HEAD) -> Path:
-    source = source or source_model()
-    return cache_dir() / f"smollm2-135m-instruct-mtp-{_key(source, head)}.gguf"
+    """Where the demo model is (or will be) cached: keyed by the shipped head and its source. Without
+    the source package installed, a build of this head already in the cache."""
+    if source is None:
+        try:
+            source = source_model()
+        except DemoError:
+            built = sorted(cache_dir().glob(f"{_PREFIX}{_head_key(head)}-*.gguf"))
+            if built:
+                return built[-1]
+            raise
+    return cache_dir() / f"{_PREFIX}{_head_key(head)}-{_source_key(source)}.gguf"
 
 
 def demo_model(progress: Progress | None = None, *, source: Path | None = None, head: Path = DEMO_HEAD) -> Path:
-    """The demo model's path, built first if the cache does not have it yet."""
-    source = source or source_model()
+    """The demo model's path, built first if the cache does not have it yet (which needs its source)."""
     out = demo_path(source, head)
     if out.is_file():
         return out
+    source = source or source_model()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        for old in out.parent.glob("smollm2-135m-instruct-mtp-*.gguf"):  # built from an older head
+        for old in out.parent.glob(f"{_PREFIX}*.gguf"):  # built from an older head
             old.unlink()
         build(source, head, out, progress)
     except OSError as e:

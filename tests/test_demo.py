@@ -80,3 +80,14 @@ def test_missing_source_package_is_one_line(monkeypatch, tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "mtp-cli[demo]" in lines[0], r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_built_demo_runs_without_its_source_package(built, monkeypatch):
+    monkeypatch.setenv("MTP_CLI_CACHE", str(built["cache"]))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == demo.SOURCE_PACKAGE else real(name, *a)
+    )
+    assert demo.demo_model() == built["path"]  # it refused before: the cache key needed the source
+    r = CliRunner().invoke(main, ["generate", "-n", "4", "-t", "1", "--json"])
+    assert r.exit_code == 0, r.output
