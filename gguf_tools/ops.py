@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,10 @@ class WriteResult:
 
 def write_plan(plan: WritePlan, out: Path, progress: Progress | None = None, *, overwrite: bool = False) -> WriteResult:
     """Write a validated plan atomically, refusing to publish a file llama.cpp would not load; what was written."""
+    log.info("%s: writing %d tensors, %.1f MB of tensor data", out, len(plan.tensors), plan.n_bytes / 1e6)
+    t0 = time.perf_counter()
     write_gguf(plan, out, progress, overwrite=overwrite, verify=lambda scan: require_loadable(scan, out))
+    log.info("%s: written and checked in %.2f s", out, time.perf_counter() - t0)
     return WriteResult(out, len(plan.tensors), plan.n_bytes, out.stat().st_size)
 
 

@@ -13,7 +13,9 @@ loop itself is mtp_cli.loop. A DraftPolicy (mtp_cli.policy) may choose N per ste
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +33,8 @@ from mtp_cli.loop import VerifyLoop
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import verify_sampled
 from mtp_cli.stats import GenStats, TokenEvent
+
+log = logging.getLogger(__name__)
 
 
 def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
@@ -113,7 +117,17 @@ class Runtime:
 
     def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.ModelPtr:
         try:
+            t0 = time.perf_counter()
             model = lx.load_model(gf, load_mtp=load_mtp, n_gpu_layers=self.n_gpu_layers)
+            log.info(
+                "%s: loaded %s (%s, %.1f MB%s) in %.2f s",
+                role,
+                gf.path,
+                gf.arch,
+                gf.size / 1e6,
+                ", with its MTP head" if load_mtp else "",
+                time.perf_counter() - t0,
+            )
         except (BadFileError, LlamaError) as e:
             raise ModelFileError(f"{role}: {e}") from None
         self._owned.append(model)

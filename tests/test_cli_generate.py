@@ -46,7 +46,10 @@ def test_sidecar_with_md_and_draft_spelling(tiny):
     assert a["text"] == b["text"] and a["stats"]["n_accepted"] == b["stats"]["n_accepted"]
 
 
-def test_stream_and_summary(tiny, tmp_path):
+def test_stream_and_summary(tiny, tmp_path, monkeypatch):
+    from mtp_cli.cli import generate as gen_cli
+
+    monkeypatch.setattr(gen_cli, "_terminal", lambda: True)  # as on a terminal
     prompt = tmp_path / "p.txt"
     prompt.write_text("hello")
     r = run(
@@ -66,7 +69,10 @@ def test_stream_and_summary(tiny, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "12 generated" in r.stderr and "verify passes" in r.stderr and "acceptance" in r.stderr
-    assert "\x1b[32m" in r.stdout  # accepted drafts coloured
+    assert "\x1b[32m" in r.stdout and "green: tokens from accepted drafts" in r.stderr  # coloured, with a legend
+    monkeypatch.setenv("NO_COLOR", "1")
+    r = run("-m", str(tiny["full"]), "-f", str(prompt), "-n", "12", "--temp", "0", "--spec-type", "mtp", "--show-draft")
+    assert r.exit_code == 0 and "\x1b[" not in r.stdout
 
 
 def test_context_full_is_said(tiny):
@@ -226,3 +232,48 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
         capture_output=True,
     )
     assert r2.returncode == 2 and b"Traceback" not in r2.stderr and b"not UTF-8" in r2.stderr
+
+
+@pytest.mark.parametrize(
+    "flags", [["-cnv"], ["-fa", "on"], ["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]]
+)
+def test_llama_cpp_flags_mtp_cli_lacks_are_refused_by_name(tiny, flags):
+    """`-fa on` was read as `-f a` (a prompt file "a"), `-cnv` as `-c nv`, `-sys` as `--seed ys`."""
+    r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", *flags)
+    assert r.exit_code == 2 and f"{flags[0]}: llama.cpp's option is not supported by mtp-cli" in r.output, r.output
+
+
+def test_llama_arg_environment_variables_under_the_flags(tiny, monkeypatch):
+    monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "5")
+    monkeypatch.setenv("LLAMA_ARG_TEMPERATURE", "0")
+    assert gen_json("-m", str(tiny["full"]), "-p", "hello")["stats"]["n_tokens"] == 5
+    assert gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "3")["stats"]["n_tokens"] == 3  # flag first
+    monkeypatch.setenv("LLAMA_ARG_MODEL", str(tiny["full"]))
+    r = run("-p", "hello", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["stats"]["n_tokens"] == 5, r.output
+
+
+def test_system_prompt_seed_show_draft_verbose_and_version(tiny):
+    doc = gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "2", "--chat", "-sys", "be brief")
+    assert "<|system|>\nbe brief" in doc["prompt"] and doc["seed"] is None  # greedy: no seed to report
+    r = run("-m", str(tiny["full"]), "-p", "hello", "-n", "2", "-sys", "be brief")
+    assert r.exit_code == 2 and "add --chat" in r.output
+    sampled = CliRunner().invoke(main, ["generate", "-m", str(tiny["full"]), "-p", "hello", "-n", "12", "--json"])
+    seed = json.loads(sampled.stdout)["seed"]
+    assert isinstance(seed, int) and seed >= 0  # a random run says its seed ...
+    again = CliRunner().invoke(
+        main, ["generate", "-m", str(tiny["full"]), "-p", "hello", "-n", "12", "--json", "-s", str(seed)]
+    )
+    assert json.loads(again.stdout)["text"] == json.loads(sampled.stdout)["text"]  # ... and it repeats the run
+    r = run(
+        "-m", str(tiny["full"]), "-p", "hello", "-n", "8", "--temp", "0", "--spec-type", "mtp", "--show-draft", "-v"
+    )
+    assert r.exit_code == 0 and "\x1b[" not in r.stdout and "no colours (not a terminal" in r.stderr, r.output
+    assert "INFO" in r.stderr and "loaded" in r.stderr  # -v after the subcommand
+    v = CliRunner().invoke(main, ["--version"])
+    assert (
+        v.exit_code == 0
+        and "mtp-cli " in v.output
+        and "llama-cpp-python 0.3.36" in v.output
+        and "GPU offload" in v.output
+    )

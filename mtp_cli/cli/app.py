@@ -11,6 +11,7 @@ from rich.logging import RichHandler
 
 from gguf_tools.errors import GGUFToolError
 from mtp_cli import __version__
+from mtp_cli.cli.llama_flags import with_llama_env
 from mtp_cli.cli.render import err, one_line_error
 from mtp_cli.errors import MtpError
 
@@ -25,7 +26,15 @@ class UserError(click.ClickException):
 
 
 class MtpCommand(click.Command):
-    """A command whose library errors become one line naming this command's own flags, exit code 2."""
+    """A command whose library errors become one line naming this command's own flags, exit code 2;
+    its options read llama.cpp's LLAMA_ARG_* variables, and it takes -v as the group does."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        with_llama_env(self)
+        self.params.append(
+            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose, help=_VERBOSE_HELP)
+        )
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -45,6 +54,25 @@ class MtpCommand(click.Command):
                 if p.name == name and isinstance(p, click.Option):
                     return p.opts[0]
         return name
+
+
+_VERBOSE_HELP = "Log what the library does (also before the command)."
+
+
+def set_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_time=False, show_path=False)],
+        force=True,
+    )
+    for name in ("gguf_tools", "mtp_cli"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.NOTSET)
+
+
+def _verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        set_logging(True)
 
 
 def interrupted() -> None:
@@ -73,16 +101,37 @@ class MtpGroup(click.Group):
             interrupted()
 
 
+def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
+def version_text() -> str:
+    """mtp-cli's version, llama-cpp-python's, and what llama.cpp can run on here (loads llama.cpp)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        bindings = version("llama-cpp-python")
+    except PackageNotFoundError:
+        bindings = "not installed"
+    lines = [f"mtp-cli {__version__}", f"llama-cpp-python {bindings}"]
+    if bindings != "not installed":
+        from mtp_cli import llama_ext as lx
+
+        lines.append(f"GPU offload: {'yes' if lx.supports_gpu_offload() else 'no (a CPU build)'}")
+        lines.append(f"llama.cpp system: {lx.system_info().strip()}")
+    return "\n".join(lines)
+
+
 @click.group(cls=MtpGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version")
-@click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_version, help="Show the versions and exit."
+)
+@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def main(verbose: bool) -> None:
     """Multi-token prediction for local GGUF models."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=err, show_time=False, show_path=False)],
-    )
+    set_logging(verbose)
 
 
 __all__ = ["main", "UserError", "MtpCommand"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -15,6 +17,7 @@ from gguf_tools.errors import spelled
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import MtpCommand, UserError, main
+from mtp_cli.cli.llama_flags import llama_compat
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
 
 
@@ -82,6 +85,7 @@ class SpecTypeOption(click.Option):
 @click.option("--top-p", "top_p", default=0.95, show_default=True)
 @click.option("--min-p", "min_p", default=0.05, show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("-sys", "--system-prompt", "system", help="A system message for the chat template (with --chat).")
 @opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
 @click.option("--spec-type", "spec_type", cls=SpecTypeOption, type=SpecTypeParam(), default=None)
 @click.option(
@@ -102,11 +106,13 @@ class SpecTypeOption(click.Option):
 )
 @click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the text and statistics as one JSON object.")
+@llama_compat
 def generate(
     model: Path | None,
     prompt: str | None,
     prompt_file: Path | None,
     chat: bool,
+    system: str | None,
     show_draft: bool,
     as_json: bool,
     **opts: Any,
@@ -121,6 +127,10 @@ def generate(
     if model is None:
         model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
     text = _read_prompt(prompt, prompt_file)
+    if system is not None and not chat:
+        raise click.UsageError("-sys is a system message for the chat template: add --chat")
+    if opts["seed"] == -1 and opts["temp"] > 0:
+        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
     draft_n = parse_draft_n(opts["draft_n_max"])
     opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
     opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
@@ -129,7 +139,12 @@ def generate(
     with Runtime.load(model, base) as rt:
         res = AutoDraft(rt).resolve(base, draft_n)
         if chat:
-            text = chat_prompt(rt.file, text, *rt.special_texts())
+            text = chat_prompt(
+                rt.file,
+                text,
+                *rt.special_texts(),
+                system=_text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None,
+            )
         gen = rt.generate(rt.tokenize(text, add_special=True, parse_special=chat), res.config, policy=res.policy)
         if res.note:
             render.note(f"note: {res.note}")
@@ -137,12 +152,15 @@ def generate(
         stats = rt.stats
     if as_json:
         doc: dict[str, Any] = {"prompt": text, "text": "".join(pieces), "stats": stats.to_dict() if stats else None}
+        doc["seed"] = opts["seed"] if opts["temp"] > 0 else None
         if res.policy is not None:
             doc["adaptive"] = res.policy.summary()
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo("")
         render.gen_stats(stats)
+        if opts["temp"] > 0:
+            render.note(f"seed: {opts['seed']}")
         if res.policy is not None:
             render.note(res.policy.describe())
     if stats is not None and stats.stop_reason == "interrupted":
@@ -150,14 +168,20 @@ def generate(
 
 
 def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
-    """The generated pieces, echoed as they come unless as_json; Ctrl-C stops cleanly (still reported)."""
+    """The generated pieces, echoed as they come unless as_json; Ctrl-C stops cleanly (still reported).
+    --show-draft colours accepted drafts on a terminal only, and not under NO_COLOR."""
     pieces: list[str] = []
+    colour = show_draft and not as_json and _terminal() and not os.environ.get("NO_COLOR")
+    if show_draft and not as_json:
+        render.note(
+            "green: tokens from accepted drafts" if colour else "--show-draft: no colours (not a terminal, or NO_COLOR)"
+        )
     try:
         for ev in gen:
             pieces.append(ev.text)
             if not as_json:
-                styled = click.style(ev.text, fg="green") if show_draft and ev.source == "draft" else ev.text
-                click.echo(styled, nl=False, color=True if show_draft else None)
+                styled = click.style(ev.text, fg="green") if colour and ev.source == "draft" else ev.text
+                click.echo(styled, nl=False, color=colour or None)
     except KeyboardInterrupt:
         pass
     finally:
@@ -165,12 +189,16 @@ def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
     return pieces
 
 
+def _terminal() -> bool:
+    return sys.stdout.isatty()
+
+
 def _demo_defaults(opts: dict[str, Any], prompt: str | None, prompt_file: Path | None) -> tuple[Path, bool, str | None]:
     """The demo model (built on first use) and its defaults for every option not given on the command line."""
     from mtp_cli.demo import DEMO_PROMPT, demo_model, demo_path
 
     ctx = click.get_current_context()
-    given = lambda name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE  # noqa: E731
+    given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
     if demo_path().is_file():
         path = demo_model()
     else:

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
+from mtp_cli.cli.llama_flags import llama_compat
 
 
 @main.command()
@@ -25,6 +26,7 @@ from mtp_cli.cli.app import main
 @opt.gpu_layers
 @click.option("--no-save", is_flag=True, help="Measure and report only; do not save the profile.")
 @opt.as_json
+@llama_compat
 def tune(model: Path, draft_model: Path | None, prompts: Path | None, no_save: bool, as_json: bool, **kw: Any) -> None:
     """Find the fastest draft setting for MODEL on this machine (possibly: off) and save it as the
     profile `--spec-draft-n-max auto` uses. Also shows the machine's cost model: why MTP pays here, or not."""
@@ -87,6 +89,7 @@ def tune(model: Path, draft_model: Path | None, prompts: Path | None, no_save: b
 @opt.threads
 @opt.gpu_layers
 @opt.as_json
+@llama_compat
 def bench(model: Path, draft_model: Path | None, prompts: Path | None, as_json: bool, **kw: Any) -> None:
     """none, ngram, mtp at N = 1..4, auto and adaptive side by side: same prompts, greedy, medians of repeats."""
     from mtp_cli.speed.bench import bench as run_bench
