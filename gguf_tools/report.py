@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import problems
-from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, MTP_ARCHS
+from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, HF_NEXTN_ARCHS, MTP_ARCHS, TOKEN_EMBD
 from gguf_tools.surgery import head_tensors
 
 # Verdicts
@@ -116,22 +117,17 @@ def _invalid(gf: GGUFFile, lines: list[str]) -> InspectReport:
 
 
 def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
-    name = gf.path.name
+    name = shlex.quote(str(gf.path))  # the whole path, quoted: advice is pasted into a shell
     if gf.arch in ASSISTANT_ARCHS:
         return ASSISTANT, f"a drafter for its target model: mtp-cli generate -m TARGET.gguf -md {name} --spec-type mtp"
     if gf.arch not in MTP_ARCHS:
-        why = f"llama.cpp has no MTP graph for architecture {gf.arch!r}"
-        if rep.adoptable:
-            return NO_MTP_GRAPH, (
-                why + f"; it can be re-expressed exactly as glm4moe, which has one: mtp-cli adopt {name} -o OUT.gguf"
-            )
-        if rep.adopt_blocker:
-            return NO_MTP_GRAPH, (
-                why + f"; mtp-cli adopt refuses it ({rep.adopt_blocker}); "
-                "use --spec-type ngram or a draft model (-md) instead"
-            )
-        return NO_MTP_GRAPH, why + "; use --spec-type ngram or a draft model (-md) instead"
+        return NO_MTP_GRAPH, _no_graph_advice(gf, rep, name)
     if rep.head_blocks and rep.head_tensors and not gf.has_trunk:
+        if TOKEN_EMBD not in gf.tensors:  # `extract --head-only`: llama.cpp cannot load it as -md
+            return (
+                SIDECAR,
+                f"head blocks only (no token embedding): graft it: mtp-cli pack TRUNK.gguf --heads {name} -o OUT.gguf",
+            )
         return SIDECAR, (
             f"MTP-only sidecar: pass it as -md {name} with --spec-type mtp, "
             f"or graft it: mtp-cli pack TRUNK.gguf --heads {name} -o OUT.gguf"
@@ -142,10 +138,25 @@ def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
     if rep.adopted_from:
         return TRUNK_ONLY, (
             f"a {rep.adopted_from} trunk adopted as glm4moe, with no MTP head{missing}: no published "
-            f"head fits it; train one (mtp-cli train {name}), then mtp-cli pack {name} --heads HEAD.gguf"
+            f"head fits it; train one, which packs it too: mtp-cli train {name} -o OUT.gguf"
         )
-    return TRUNK_ONLY, (
-        f"no MTP head{missing}. Get one: an MTP sidecar (convert_hf_to_gguf.py --mtp, or "
-        f"mtp-cli extract on a full GGUF), then mtp-cli pack {name} --heads SIDECAR.gguf -o OUT.gguf; "
-        "--heads also takes the HF checkpoint's safetensors"
-    )
+    if gf.arch in HF_NEXTN_ARCHS:  # convert_hf_to_gguf.py --mtp refuses DeepSeek-V3 style checkpoints
+        source = "the HF checkpoint's safetensors (its model.layers.N MTP blocks)"
+    else:
+        source = (
+            "an MTP sidecar (convert_hf_to_gguf.py --mtp, or mtp-cli extract on a full GGUF), "
+            "or the HF checkpoint's safetensors"
+        )
+    return TRUNK_ONLY, f"no MTP head{missing}. Graft one from {source}: mtp-cli pack {name} --heads SOURCE -o OUT.gguf"
+
+
+def _no_graph_advice(gf: GGUFFile, rep: InspectReport, name: str) -> str:
+    why = f"llama.cpp has no MTP graph for architecture {gf.arch!r}"
+    if rep.adoptable:
+        return why + f"; it can be re-expressed exactly as glm4moe, which has one: mtp-cli adopt {name} -o OUT.gguf"
+    if rep.adopt_blocker:
+        return (
+            why
+            + f"; mtp-cli adopt refuses it ({rep.adopt_blocker}); use --spec-type ngram or a draft model (-md) instead"
+        )
+    return why + "; use --spec-type ngram or a draft model (-md) instead"

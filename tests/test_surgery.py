@@ -470,3 +470,24 @@ def test_custom_alignment_is_kept(sets, tmp_path):
         assert np.isfinite(pair.mtp_prefill([1, 5, 6], h)).all()
     finally:
         pair.close()
+
+
+def test_inspect_advice_is_copy_pasteable_and_right(sets, tmp_path):
+    """Whole quoted paths; a head-only extract is not offered as -md (llama.cpp cannot load it); train gets -o."""
+    import shlex
+
+    from gguf_tools.names import ADOPT_TARGET
+
+    s = sets("glm4moe")
+    odd = tmp_path / "my models"
+    odd.mkdir()
+    head_only = odd / "head only.gguf"
+    ops.extract(s["full"], head_only, head_only=True)
+    rep = inspect_file(head_only)
+    assert rep.verdict == SIDECAR and "-md" not in rep.advice and shlex.quote(str(head_only)) in rep.advice
+    side = inspect_file(s["sidecar"])
+    assert f"-md {shlex.quote(str(s['sidecar']))}" in side.advice
+    assert shlex.split(side.advice.split("graft it: ")[1])[4] == str(s["sidecar"])  # pastes as one argument
+    full = inspect_file(s["full"])
+    assert full.advice == f"ready: mtp-cli generate -m {shlex.quote(str(s['full']))} --spec-type mtp"
+    assert ADOPT_TARGET == "glm4moe"
