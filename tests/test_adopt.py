@@ -538,6 +538,7 @@ def test_head_slot_loads_and_runs_mtp_and_packs(tiny, tmp_path, arch):
     rep_src, rep_t, rep_f = inspect_file(src), inspect_file(trunk), inspect_file(full)
     assert rep_src.verdict == NO_MTP_GRAPH and rep_src.adoptable and "mtp-cli adopt" in rep_src.advice
     assert rep_t.verdict == TRUNK_ONLY and rep_t.adopted_from == arch
+    assert rep_t.advice.endswith(f"mtp-cli train {trunk} -o OUT.gguf")  # train packs the head it trains
     assert rep_f.verdict == FULL and rep_f.head_blocks == 1
 
     toks = [1, *range(50, 70)]
