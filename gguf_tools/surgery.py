@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
@@ -161,7 +163,7 @@ def plan_strip(gf: GGUFFile) -> WritePlan:
         raise RefusedError("is an MTP-only sidecar: it has no trunk to keep", gf.path)
     n_trunk = gf.layout().n_trunk
     tensors = [_file_tensor(gf, t) for t in trunk_tensors(gf)]
-    return WritePlan(gf.arch, gf.alignment, _layout_kvs(gf, n_trunk, 0, None), tensors)
+    return WritePlan(gf.arch, gf.alignment, with_size_label(_layout_kvs(gf, n_trunk, 0, None), tensors), tensors)
 
 
 def plan_extract(gf: GGUFFile, head_only: bool = False) -> WritePlan:
@@ -237,7 +239,25 @@ def plan_pack(trunk: GGUFFile, heads: HeadSet, opts: PackOptions = PackOptions()
         names.add(t.name)
         tensors.append(t)
     kvs = _layout_kvs(trunk, n_trunk, heads.n_blocks, heads.kvs)
-    return WritePlan(arch, trunk.alignment, kvs, tensors)
+    return WritePlan(arch, trunk.alignment, with_size_label(kvs, tensors), tensors)
+
+
+def with_size_label(kvs: list[KV], tensors: Sequence[Tensor]) -> list[KV]:
+    """general.size_label recomputed from the tensors written, as llama.cpp's converter computes it
+    (gguf_writer.get_total_parameter_count); only where the source has one."""
+    if not any(kv.key == gguf.Keys.General.SIZE_LABEL for kv in kvs):
+        return kvs
+    total = shared = expert = n_expert_tensors = expert_sum = 0
+    for t in tensors:
+        size = math.prod(t.shape)
+        total += size
+        if "_exps." in t.name and len(t.shape) >= 3:
+            count = t.shape[1 if ".bias" in t.name else 2]  # (ggml order: the expert axis)
+            expert, expert_sum, n_expert_tensors = expert + size // count, expert_sum + count, n_expert_tensors + 1
+        else:
+            shared += size
+    label = gguf.size_label(total, shared, expert, expert_sum // n_expert_tensors if n_expert_tensors else 0)
+    return [KV(kv.key, label, GGUFValueType.STRING) if kv.key == gguf.Keys.General.SIZE_LABEL else kv for kv in kvs]
 
 
 def _renumber(t: Tensor, first_block: int, n_trunk: int) -> Tensor:
@@ -321,9 +341,9 @@ def convert_head_tensor(t: Tensor, head_type: str) -> Tensor:
             raise RefusedError(f"unknown head type {head_type!r} (keep, {', '.join(HEAD_TYPES)})")
         target = HEAD_TYPES[head_type]
     block = GGML_QUANT_SIZES[target][0]
-    if t.shape[0] % block:
-        log.warning("%s: first dimension %d is not a multiple of %d; kept as F32", t.name, t.shape[0], block)
-        target = GGMLQuantizationType.F32
+    if t.shape[0] % block:  # as llama.cpp's converter does with a QuantError
+        log.warning("%s: first dimension %d is not a multiple of %d; falling back to F16", t.name, t.shape[0], block)
+        target = GGMLQuantizationType.F16
     if isinstance(t, ArrayTensor) and t.type == target and target != GGMLQuantizationType.BF16:
         return t
     return ArrayTensor(t.name, target, t.shape, quants.quantize(data, target))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gguf import GGMLQuantizationType, GGUFValueType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ import gguf_tools
 from gguf_tools import ops
 from gguf_tools.errors import MismatchError, RefusedError, WriteError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
-from gguf_tools.gguf_write import KV, WritePlan, write_gguf
+from gguf_tools.gguf_write import KV, ArrayTensor, WritePlan, write_gguf
 from gguf_tools.report import FULL, NO_MTP_GRAPH, SIDECAR, TRUNK_ONLY, inspect_file
 from gguf_tools.surgery import PackOptions, plan_extract
 from mtp_cli import llama_ext as lx
@@ -491,3 +492,37 @@ def test_inspect_advice_is_copy_pasteable_and_right(sets, tmp_path):
     full = inspect_file(s["full"])
     assert full.advice == f"ready: mtp-cli generate -m {shlex.quote(str(s['full']))} --spec-type mtp"
     assert ADOPT_TARGET == "glm4moe"
+
+
+def test_a_head_tensor_q8_0_cannot_hold_falls_back_to_f16_as_the_converter_does():
+    from gguf_tools.surgery import convert_head_tensor
+
+    t = ArrayTensor("blk.2.ffn_up.weight", GGMLQuantizationType.F32, (40, 8), np.ones((8, 40), np.float32))
+    assert convert_head_tensor(t, "q8_0").type == GGMLQuantizationType.F16  # was kept F32
+    ok = ArrayTensor("blk.2.ffn_up.weight", GGMLQuantizationType.F32, (64, 8), np.ones((8, 64), np.float32))
+    assert convert_head_tensor(ok, "q8_0").type == GGMLQuantizationType.Q8_0
+
+
+def test_pack_and_strip_recompute_the_size_label(sets, tmp_path):
+    import gguf
+
+    from tests.hostile import edited
+
+    s = sets("glm4moe")
+    label = "general.size_label"
+    trunk = edited(s["trunk"], tmp_path / "t.gguf", kvs={label: ("999B", GGUFValueType.STRING)})
+
+    def converters_label(gf: GGUFFile) -> str:  # the oracle: gguf-py's own count over the tensors written
+        w = gguf.GGUFWriter(None, gf.arch)
+        for t in gf.tensors.values():
+            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.n_bytes, raw_dtype=t.type)
+        return gguf.size_label(*w.get_total_parameter_count())
+
+    ops.pack(trunk, s["sidecar"], tmp_path / "p.gguf")
+    gf = open_gguf(tmp_path / "p.gguf")
+    assert gf.get(label) == converters_label(gf) != "999B"
+    ops.strip(tmp_path / "p.gguf", tmp_path / "s.gguf")
+    gs = open_gguf(tmp_path / "s.gguf")
+    assert gs.get(label) == converters_label(gs) != gf.get(label)
+    ops.pack(s["trunk"], s["sidecar"], tmp_path / "q.gguf")
+    assert not open_gguf(tmp_path / "q.gguf").has(label)  # none added where the source had none
