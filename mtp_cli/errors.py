@@ -55,6 +55,10 @@ class TuneError(ConfigError):
     """A tuning request that cannot run (budget too small, no prompts...)."""
 
 
+class MeasureError(TuneError):
+    """A measurement that found nothing to measure (prompts the model ends at once, no generation time)."""
+
+
 class DemoError(MtpError):
     """The demo model cannot be built here (its source is not installed, or the cache is unusable)."""
 
@@ -77,6 +81,7 @@ __all__ = [
     "ChatTemplateError",
     "ProfileError",
     "TuneError",
+    "MeasureError",
     "DemoError",
     "MissingTorchError",
     "TrainDataError",

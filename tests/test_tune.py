@@ -114,3 +114,40 @@ def test_bench_and_generate_report_no_rate_for_a_single_token(models):
     assert r.exit_code == 0 and "1 generated (none after the prompt pass to time)" in r.stderr, r.output
     r = run_cli("generate", "-m", path, "-p", "hello", "-n", "1", "--temp", "0", "-t", "1", "--json")
     assert json.loads(r.stdout)["stats"]["tokens_per_second"] == 0.0
+
+
+def test_prompts_the_model_ends_at_once_measure_nothing_and_save_nothing(models, config_dir, tmp_path):
+    """It printed `best: off` and saved a 0.0 tok/s profile that `auto` then trusted."""
+    from tests.factory import tiny_vocab
+
+    world = tiny_vocab()[0].index("\u2581world")
+    path = str(models(head_noise=1.0, eos_after=world)["full"])
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world\nthe world\n")  # each ends on the token after which the model stops
+    for cmd in (["tune", "-m", path, "--budget", "3"], ["bench", "-m", path, "-n", "8", "--repeats", "1"]):
+        r = run_cli(*cmd, "--prompts", str(prompts), "-t", "1")
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and "nothing to measure" in lines[-1] and "--prompts" in lines[-1], r.output
+    assert not (config_dir / profiles.PROFILE_FILE).exists()
+
+
+def test_off_and_fewer_drafts_win_unless_beaten_by_more_than_the_noise():
+    from mtp_cli.speed.tune import Candidate, _Tuner
+
+    def cand(name, spec, n, runs, acc=None):
+        return Candidate(name, spec, n, runs=runs, acceptance=acc, rung=0)
+
+    class T(_Tuner):
+        def __init__(self, off):
+            self.off = off
+
+    off = cand("off", "none", 0, [99.0, 100.0, 101.0])
+    noisy_win = cand("mtp N=2", "mtp", 2, [96.0, 101.0, 106.0], 0.4)  # 1% faster, 10% spread
+    assert T(off)._pick([off, noisy_win]) is off
+    never_kept = cand("mtp N=2 p>=0.8", "mtp", 2, [130.0, 131.0, 132.0], 0.0)  # faster, yet no draft kept
+    assert T(off)._pick([off, never_kept]) is off
+    n1 = cand("mtp N=1", "mtp", 1, [149.0, 150.0, 151.0], 0.6)
+    n3 = cand("mtp N=3", "mtp", 3, [150.0, 151.0, 152.0], 0.5)  # within the noise of N=1: fewer drafts win
+    assert T(off)._pick([off, n1, n3]) is n1
+    clear = cand("mtp N=3", "mtp", 3, [170.0, 171.0, 172.0], 0.5)
+    assert T(off)._pick([off, n1, clear]) is clear

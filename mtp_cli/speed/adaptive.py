@@ -70,7 +70,7 @@ class AdaptiveController(DraftPolicy):
         may_sleep: Optional[bool] = None,
     ):
         if n_max < 1:
-            raise ConfigError("n_max must be >= 1")
+            raise ConfigError("`n_max` must be >= 1")
         if costs is not None and len(costs) < n_max + 1:
             raise ConfigError(f"costs needs {n_max + 1} entries (N = 0..{n_max})")
         if not measure and costs is None:

@@ -18,7 +18,15 @@ from mtp_cli.errors import NoMtpHeadError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
 from mtp_cli.speed.auto import AutoDraft
-from mtp_cli.speed.runs import PROMPTS, RunResult, Setting, interleaved, run_setting, setting_name
+from mtp_cli.speed.runs import (
+    PROMPTS,
+    RunResult,
+    Setting,
+    interleaved,
+    prompt_tokens,
+    setting_name,
+    warm_up,
+)
 from mtp_cli.stats import GenStats
 
 DEFAULT_NS = (1, 2, 3, 4)
@@ -103,7 +111,7 @@ def bench(
         has_head = False
     out = BenchResult(str(model), n_threads, n_predict, repeats, len(texts))
     with rt:
-        toks = [rt.tokenize(t) for t in texts]
+        toks = prompt_tokens(rt, texts, prompts is None)
         settings: list[Setting] = [Setting("none", replace(base, spec_type="none"))]
         details: dict[str, str] = {"none": "plain decoding"}
         if ngram:
@@ -119,7 +127,7 @@ def bench(
             if progress is not None:
                 progress(BenchEvent(f"{name}: {st.tokens_per_second:.1f} tok/s (repeat {r + 1})", done[0], total))
 
-        run_setting(rt, toks[:1], replace(base, spec_type="none", n_predict=16))  # warm-up
+        warm_up(rt, toks, base)  # on prompts that generate: the first row runs warm
         results = interleaved(rt, toks, settings, repeats, on_run=on_run)
         none_tps = results["none"].tokens_per_second
         for s in settings:

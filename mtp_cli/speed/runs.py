@@ -11,11 +11,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from mtp_cli import drafters
+from mtp_cli.chat import chat_prompt
 from mtp_cli.config import GenConfig
+from mtp_cli.errors import MeasureError
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.stats import GenStats
@@ -32,6 +34,35 @@ PROMPTS = [
 ]
 
 PolicyFactory = Callable[[], DraftPolicy]
+
+
+WARM_TOKENS = 16  # tokens after the prompt pass a warm-up must see before anything is timed
+
+
+def prompt_tokens(rt: Runtime, texts: Sequence[str], builtin: bool) -> list[list[int]]:
+    """The prompts as tokens; the built-in ones wrapped in the model's chat template when it has one
+    (an instruct model given a bare request often ends its text at once: nothing to measure)."""
+    if builtin and isinstance(rt.file.get("tokenizer.chat_template"), str):
+        specials = rt.special_texts()
+        return [rt.tokenize(chat_prompt(rt.file, t, *specials), parse_special=True) for t in texts]
+    return [rt.tokenize(t) for t in texts]
+
+
+def warm_up(rt: Runtime, toks: Sequence[list[int]], base: GenConfig) -> float:
+    """Plain decoding over the prompts until WARM_TOKENS tokens came after a prompt pass (page faults,
+    threads, caches); seconds per token. Raises MeasureError if the prompts end at once."""
+    n = t = 0.0
+    for prompt in toks:
+        st = run_setting(rt, [prompt], replace(base, spec_type="none", n_predict=WARM_TOKENS + 1))
+        n, t = n + st.n_tokens - st.n_first, t + st.t_gen
+        if n >= WARM_TOKENS:
+            return t / n
+    if n == 0:
+        raise MeasureError(
+            "nothing to measure: the model ends its text right after every prompt "
+            "(give prompts it continues, `prompts`)"
+        )
+    return t / n
 
 
 def setting_name(spec_type: str, n: int = 0, p_min: float = 0.0) -> str:

@@ -31,12 +31,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtp_cli.config import GenConfig
-from mtp_cli.errors import TuneError
+from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
 from mtp_cli.speed.costs import CostModel, add_overheads
 from mtp_cli.speed.probe import measure_costs
-from mtp_cli.speed.runs import PROMPTS, Setting, interleaved, run_setting, setting_name, spread
+from mtp_cli.speed.runs import (
+    PROMPTS,
+    Setting,
+    interleaved,
+    prompt_tokens,
+    run_setting,
+    setting_name,
+    spread,
+    warm_up,
+)
 from mtp_cli.stats import GenStats
 
 _now = time.perf_counter
@@ -168,9 +177,10 @@ def tune(
     texts = list(prompts) if prompts is not None else list(PROMPTS)
     if not texts:
         raise TuneError("no prompts")
+    builtin = prompts is None
     base = GenConfig(n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK)
     with Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers) as rt:
-        toks = [rt.tokenize(t) for t in texts]
+        toks = prompt_tokens(rt, texts, builtin)
         if max(len(t) for t in toks) + RUNG0_TOKENS >= n_ctx:
             raise TuneError(f"a prompt is too long for the tuning context ({n_ctx} tokens)")
         tuner = _Tuner(rt, base, toks, TuneResult(model=str(model), budget=budget), t0, progress)
@@ -209,10 +219,10 @@ class _Tuner:
             self.progress(TuneEvent(kind, msg, self.res))
 
     def warm_up(self) -> float:
-        """Page faults, threads; a first estimate of the plain per-token time."""
+        """Page faults, threads; a first estimate of the plain per-token time (from tokens that were
+        generated: an empty warm-up once made a "20 s" tune run 212 s)."""
         self.emit("start", "warming up")
-        warm = run_setting(self.rt, self.toks[:1], replace(self.base, spec_type="none", n_predict=16))
-        return warm.t_gen / max(warm.n_tokens, 1)
+        return warm_up(self.rt, self.toks, self.base)
 
     def costs(self, n_max: int, t_tok: float) -> CostModel:
         """1. The cost model, in rounds and repeats that fit 15% of the budget."""
@@ -330,14 +340,24 @@ class _Tuner:
         self.emit("rung", f"rung {rung + 1} done: best {ranked[0].name} {top:.1f} tok/s, noise {noise:.1%}")
         return survivors
 
+    def _pick(self, last: list[Candidate]) -> Candidate:
+        """The fastest of the last rung, except that off, then fewer drafts, wins over anything not
+        faster by more than the repeats' spread; a setting that never kept a draft never wins."""
+        if not (self.off.tokens_per_second or 0.0) > 0:
+            raise MeasureError("could not measure plain decoding (no tokens after the prompt pass); nothing saved")
+        useful = [c for c in last if c.spec_type == "none" or (c.acceptance or 0.0) > 0]
+        top = max(c.tokens_per_second or 0.0 for c in useful)
+        noise = max(MIN_NOISE, statistics.median([spread(c.runs) for c in useful]))
+        near = [c for c in useful if (c.tokens_per_second or 0.0) >= top * (1 - noise)]
+        return min(near, key=lambda c: (c.spec_type != "none", c.n, c.p_min, -(c.tokens_per_second or 0.0)))
+
     def choose(
         self, cm: CostModel, plain: GenStats, by_n: dict[int, GenStats], save: bool, config_dir: Optional[Path]
     ) -> None:
         """4. The best median of the last rung, and its profile (the cost model's overheads from the
         longest runs of each N)."""
         res = self.res
-        last = [c for c in res.candidates if c.rung == res.rungs - 1]
-        best = max(last, key=lambda c: c.tokens_per_second or 0.0)
+        best = self._pick([c for c in res.candidates if c.rung == res.rungs - 1])
         best.status = "best"
         res.best = best
         add_overheads(cm, by_n, plain)
