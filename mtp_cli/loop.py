@@ -72,14 +72,17 @@ class VerifyLoop:
         self.k = self.a = -1  # drafted / accepted by the last step (-1: before the first)
         self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
+        self.decoded: list[int] = []  # the tokens the target's memory holds, in order
 
-    def run(self, prompt: Sequence[int]) -> Generator[TokenEvent, None, GenStats]:
+    def run(self, prompt: Sequence[int], keep: int = 0, asleep: bool = False) -> Generator[TokenEvent, None, GenStats]:
+        """`keep`: the target already holds prompt[:keep], left by the last generation on it (whose
+        drafter was `asleep` at its end); only the rest is decoded."""
         st = self.stats
         t_start = _now()
         try:
             if self.n_predict == 0:
                 return self._stopped("n_predict")
-            first = self._prefill(prompt)
+            first = self._prefill(prompt, keep, asleep)
             st.t_prompt = _now() - t_start
             stop = yield from self._emit(first, "target")
             if st.stop_reason != "eog":
@@ -108,14 +111,18 @@ class VerifyLoop:
 
     # -- the steps -----------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Sequence[int]) -> int:
-        """Decode the prompt in n_batch chunks (the drafter follows each), sample the first token."""
+    def _prefill(self, prompt: Sequence[int], keep: int, asleep: bool) -> int:
+        """Decode the prompt (from `keep` on) in n_batch chunks (the drafter follows each), sample the first token."""
         tgt, vb, d = self.tgt, self.vb, self.drafter
-        lx.memory_clear(tgt)
-        d.begin(prompt)
+        if keep:
+            d.resume(prompt, keep, asleep)
+        else:
+            lx.memory_clear(tgt)
+            d.begin(prompt)
+        self.decoded = list(prompt)
         toks = np.asarray(prompt, dtype=np.int32)
         n_b = lx.n_batch(tgt)
-        for p0 in range(0, len(toks), n_b):
+        for p0 in range(keep, len(toks), n_b):
             chunk = toks[p0 : p0 + n_b]
             vb.clear()
             vb.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
@@ -192,6 +199,7 @@ class VerifyLoop:
             self.shadow = None
         if not self.asleep:
             self.drafter.accept(a, drafts)
+        self.decoded += [self.id_last, *drafts[:a]]  # what the target now holds at n_past..
         self.n_past += a + 1
         self.id_last = nxt
         self.k, self.a = k, a

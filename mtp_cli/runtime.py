@@ -48,6 +48,23 @@ def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
         raise ModelFileError(f"{role}: {e}") from None
 
 
+@dataclass(frozen=True)
+class Held:
+    """The tokens a finished generation left in the target's memory, and the drafter that followed them."""
+
+    tokens: list[int]
+    drafter: Drafter
+    asleep: bool
+
+    def kept_for(self, prompt: list[int], d: Drafter) -> int:
+        """How much of `prompt` is already decoded: all of these tokens if the prompt extends them
+        (and the same drafter, able to continue, goes on), else 0."""
+        n = len(self.tokens)
+        if d is self.drafter and d.can_resume and len(prompt) > n and prompt[:n] == self.tokens:
+            return n
+        return 0
+
+
 @dataclass
 class Contexts:
     """The target context for one set of context settings, and one drafter per spec type on it."""
@@ -56,6 +73,7 @@ class Contexts:
     target: lx.ContextPtr
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
+    held: Optional[Held] = None  # what the last generation left in the target's memory
 
     def close(self) -> None:
         for d in self.drafters.values():
@@ -220,13 +238,20 @@ class Runtime:
     _verify_sampled = staticmethod(verify_sampled)
 
     def generate(
-        self, prompt_tokens: Sequence[int], config: GenConfig, *, policy: Optional[DraftPolicy] = None
+        self,
+        prompt_tokens: Sequence[int],
+        config: GenConfig,
+        *,
+        policy: Optional[DraftPolicy] = None,
+        reuse: bool = False,
     ) -> Iterator[TokenEvent]:
         """Validate, then return a generator of TokenEvents. Statistics: `self.stats` (live, final
         once the generator ends; also the generator's return value). A KeyboardInterrupt while
         generating ends the generator normally with stop_reason "interrupted"; closing the
         generator early (break) also records "interrupted". `policy` chooses N per step (at most
-        its n_max, which then sizes the contexts); without one N is config.draft_n_max."""
+        its n_max, which then sizes the contexts); without one N is config.draft_n_max. `reuse`:
+        a prompt that extends what the last generation left in memory (the next turn of a chat:
+        its prompt, its tokens) decodes only its new tokens (stats.n_cached says how many were kept)."""
         self._require_open()
         cfg = drafters.validated(config)
         if cfg.spec_type == "none":
@@ -245,20 +270,41 @@ class Runtime:
         n_max = cfg.draft_n_max if cfg.spec_type != "none" else 0
         if d.n_max_limit is not None:
             n_max = min(n_max, d.n_max_limit)
+        held, ctxs.held = ctxs.held, None  # (until the new generation ends, the memory is in flux)
+        keep = held.kept_for(prompt, d) if reuse and held is not None else 0
         stats = GenStats(
-            spec_type=cfg.spec_type, n_max=n_max, n_prompt=len(prompt), drafted_at=[0] * n_max, accepted_at=[0] * n_max
+            spec_type=cfg.spec_type,
+            n_max=n_max,
+            n_prompt=len(prompt),
+            n_cached=keep,
+            drafted_at=[0] * n_max,
+            accepted_at=[0] * n_max,
         )
         self.stats = stats
-        return self._run(prompt, cfg, ctxs, d, policy if policy is not None else DraftPolicy(n_max), stats)
+        asleep = held.asleep if keep and held is not None else False
+        policy = policy if policy is not None else DraftPolicy(n_max)
+        return self._run(prompt, keep, asleep, cfg, ctxs, d, policy, stats)
 
     def _run(
-        self, prompt: list[int], cfg: GenConfig, ctxs: Contexts, d: Drafter, policy: DraftPolicy, stats: GenStats
+        self,
+        prompt: list[int],
+        keep: int,
+        asleep: bool,
+        cfg: GenConfig,
+        ctxs: Contexts,
+        d: Drafter,
+        policy: DraftPolicy,
+        stats: GenStats,
     ) -> Generator[TokenEvent, None, GenStats]:
         """The loop, built when the generator starts (nothing is allocated for one never run)."""
         loop = VerifyLoop(
             self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled
         )
-        return (yield from loop.run(prompt))
+        try:
+            return (yield from loop.run(prompt, keep, asleep))
+        finally:
+            if stats.stop_reason != "error" and loop.decoded:
+                ctxs.held = Held(loop.decoded, d, loop.asleep)
 
     def _checked_prompt(self, prompt_tokens: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_tokens]

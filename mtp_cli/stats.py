@@ -21,6 +21,7 @@ class TokenEvent:
 # summed when pooling; everything else is derived, or (spec_type, stop_reason, n_max) describes the run
 _SUMMED = (
     "n_prompt",
+    "n_cached",
     "n_tokens",
     "n_first",
     "t_prompt",
@@ -50,6 +51,7 @@ class GenStats:
     spec_type: str = "none"
     n_max: int = 0  # effective draft length limit (after the drafter's own cap)
     n_prompt: int = 0
+    n_cached: int = 0  # of those, already in memory from the last generation (not decoded again)
     n_tokens: int = 0  # generated tokens (an EOG token that ended generation is not counted)
     n_first: int = 0  # of those, sampled from a prompt pass's logits (1 per generation that emitted any)
     t_prompt: float = 0.0  # seconds: prompt decode (target + drafter catch-up) + first sample
@@ -108,7 +110,8 @@ class GenStats:
 
     @property
     def prompt_tokens_per_second(self) -> float:
-        return self.n_prompt / self.t_prompt if self.t_prompt > 0 else 0.0
+        """Prompt tokens decoded (cached ones are not) per second of the prompt pass."""
+        return (self.n_prompt - self.n_cached) / self.t_prompt if self.t_prompt > 0 else 0.0
 
     @property
     def t_decode(self) -> float:

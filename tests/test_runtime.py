@@ -314,3 +314,30 @@ def test_recurrent_rollback_facts(models):
         assert got is not None and not np.allclose(got, ref, atol=1e-3)
     finally:
         lx.free_model(m)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("spec", ["none", "mtp", "ngram"])
+def test_a_prompt_that_extends_the_last_generation_decodes_only_its_new_tokens(models, arch, spec):
+    """The next turn of a chat: the memory keeps the last generation's prompt and tokens, the new
+    prompt's tokens alone are decoded, and the output is what a full prefill gives."""
+    s = models(arch, **SENSITIVE)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        cfg = greedy(spec_type=spec, draft_n_max=3, n_predict=12)
+        p1 = rt.tokenize(PROMPT)
+        out1 = run(rt, p1, cfg)
+        turns = [p1 + out1 + rt.tokenize(" the world a", add_special=False)]
+        reused = [ev.token for ev in rt.generate(turns[0], cfg, reuse=True)]
+        assert rt.stats.n_cached == len(p1) + len(out1) - 1  # all but the last token, never decoded
+        accepted = [rt.stats.n_accepted]
+        turns.append(turns[0] + reused + rt.tokenize(" hello", add_special=False))
+        third = [ev.token for ev in rt.generate(turns[1], cfg, reuse=True)]
+        assert rt.stats.n_cached == len(turns[0]) + len(reused) - 1
+        accepted.append(rt.stats.n_accepted)
+        for prompt, got, acc in zip(turns, (reused, third), accepted):
+            fresh = run(rt, prompt, cfg)  # reuse=False: a full prefill
+            assert rt.stats.n_cached == 0 and got == fresh, (arch, spec)
+            assert acc == rt.stats.n_accepted, (arch, spec, acc, rt.stats.n_accepted)  # the drafter continued right
+        # a prompt that does not extend the memory is decoded whole
+        list(rt.generate(p1 + [p1[-1]], cfg, reuse=True))
+        assert rt.stats.n_cached == 0

@@ -57,7 +57,9 @@ STOP_WORDS = {
 
 def gen_stats(s: Any) -> None:
     err.print(
-        f"[dim]{s.n_prompt} prompt tokens at {s.prompt_tokens_per_second:.1f} t/s; "
+        f"[dim]{s.n_prompt} prompt tokens"
+        + (f" ({s.n_prompt - s.n_cached} decoded, {s.n_cached} cached)" if s.n_cached else "")
+        + f" at {s.prompt_tokens_per_second:.1f} t/s; "
         f"{s.n_tokens} generated "
         + (f"at {s.tokens_per_second:.1f} t/s" if s.tokens_per_second else "(none after the prompt pass to time)")
         + "; stop: "

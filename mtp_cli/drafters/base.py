@@ -10,6 +10,10 @@ The verify loop (mtp_cli.loop) drives an instance:
 
     configure(cfg)                    per generation: the settings it reads (p_min, n-gram sizes)
     begin(prompt)                     a new generation: reset state, clear own context(s)
+    resume(prompt, keep, asleep)      (drafters with can_resume) a new generation whose prompt
+                                      extends what the last one left in the target: the target
+                                      holds prompt[:keep]; the drafter's state continues from the
+                                      last generation (`asleep`: that one ended with it skipped)
     on_prefill(tokens, pos0)          the target just decoded a prompt chunk at pos0..
     draft(id_last, pos, n_max)        up to n_max tokens to follow id_last (which sits at `pos`
                                       and is not yet in the target's memory); n_max may be 0
@@ -79,6 +83,8 @@ class Drafter:
     #: True if steps may be skipped (restart() resumes): MTP heads, whose input is mostly the
     #: target's h row; not n-gram or draft-model drafters, which need every token of the history
     can_sleep: ClassVar[bool] = False
+    #: True if resume() can continue its state into a generation that extends the last one
+    can_resume: ClassVar[bool] = False
 
     #: a hard cap on the draft length from the drafter itself (chained heads: one per head)
     n_max_limit: Optional[int] = None
@@ -119,6 +125,9 @@ class Drafter:
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
+
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot resume")
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         pass

@@ -42,6 +42,7 @@ class MtpDrafter(Drafter):
     drafts_with_model = True
     target_h = True
     can_sleep = True
+    can_resume = True
 
     def __init__(
         self,
@@ -174,6 +175,14 @@ class MtpDrafter(Drafter):
         self.batch.clear()
         self.pending_h[:] = 0.0
         self._n_extra = 0
+
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+        """The last generation left the head's memory, its queued catch-up rows and pending_h (the
+        target's h row of keep-1) exactly where the prompt's new tokens at keep.. continue them."""
+        if self.chain:
+            lx.set_nextn_layer_offset(self.ctx, 0)
+        if asleep:
+            self.restart(keep)  # (the target's last decode was one plain token at keep-1)
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         n = len(tokens)

@@ -35,6 +35,11 @@ class NgramDrafter(Drafter):
     def configure(self, cfg: GenConfig) -> None:
         self.ngram_min, self.ngram_max = cfg.ngram_min, cfg.ngram_max
 
+    can_resume = True
+
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+        self.begin(prompt)  # (its index is rebuilt from the whole prompt: no context to keep)
+
     def begin(self, prompt: Sequence[int]) -> None:
         self.hist = []
         self.index = {n: {} for n in range(self.ngram_min, self.ngram_max + 1)}

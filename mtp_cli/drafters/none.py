@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mtp_cli.drafters.base import Drafter
 
 
@@ -9,3 +11,7 @@ class NoDrafter(Drafter):
     name = "none"
     summary = "plain decoding"
     order = 0
+    can_resume = True
+
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+        pass
