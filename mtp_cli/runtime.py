@@ -302,8 +302,8 @@ class Runtime:
         )
         try:
             return (yield from loop.run(prompt, keep, asleep))
-        finally:
-            if stats.stop_reason != "error" and loop.decoded:
+        finally:  # (an interrupted loop may have stopped inside a decode: its memory is not known)
+            if stats.stop_reason in ("eog", "n_predict", "ctx_full") and loop.decoded:
                 ctxs.held = Held(loop.decoded, d, loop.asleep)
 
     def _checked_prompt(self, prompt_tokens: Sequence[int]) -> list[int]:

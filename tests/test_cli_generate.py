@@ -234,9 +234,7 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
     assert r2.returncode == 2 and b"Traceback" not in r2.stderr and b"not UTF-8" in r2.stderr
 
 
-@pytest.mark.parametrize(
-    "flags", [["-cnv"], ["-fa", "on"], ["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]]
-)
+@pytest.mark.parametrize("flags", [["-fa", "on"], ["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]])
 def test_llama_cpp_flags_mtp_cli_lacks_are_refused_by_name(tiny, flags):
     """`-fa on` was read as `-f a` (a prompt file "a"), `-cnv` as `-c nv`, `-sys` as `--seed ys`."""
     r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", *flags)

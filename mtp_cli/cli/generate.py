@@ -106,6 +106,12 @@ class SpecTypeOption(click.Option):
 )
 @click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the text and statistics as one JSON object.")
+@click.option(
+    "-cnv",
+    "--conversation",
+    is_flag=True,
+    help="Chat in the terminal, turn after turn, with the chat template (-sys, -p: the first turn).",
+)
 @llama_compat
 def generate(
     model: Path | None,
@@ -115,6 +121,7 @@ def generate(
     system: str | None,
     show_draft: bool,
     as_json: bool,
+    conversation: bool,
     **opts: Any,
 ) -> None:
     """Generate text, drafting with an MTP head (or a draft model, or n-grams) and verifying in batches."""
@@ -124,6 +131,8 @@ def generate(
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt with -p or -f, not both")
+    if conversation:
+        return _conversation(model, prompt, prompt_file, system, show_draft, as_json, opts)
     if model is None:
         model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
     text = _read_prompt(prompt, prompt_file)
@@ -150,28 +159,33 @@ def generate(
             render.note(f"note: {res.note}")
         pieces = _stream(gen, as_json, show_draft)
         stats = rt.stats
-    if as_json:
-        doc: dict[str, Any] = {"prompt": text, "text": "".join(pieces), "stats": stats.to_dict() if stats else None}
-        doc["seed"] = opts["seed"] if opts["temp"] > 0 else None
-        if res.policy is not None:
-            doc["adaptive"] = res.policy.summary()
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        click.echo("")
-        render.gen_stats(stats)
-        if opts["temp"] > 0:
-            render.note(f"seed: {opts['seed']}")
-        if res.policy is not None:
-            render.note(res.policy.describe())
+    _report(as_json, text, pieces, stats, res.policy, opts["seed"] if opts["temp"] > 0 else None)
     if stats is not None and stats.stop_reason == "interrupted":
         sys.exit(130)  # as llama.cpp does, after the summary
+
+
+def _report(as_json: bool, text: str, pieces: list[str], stats: Any, policy: Any, seed: int | None) -> None:
+    """The JSON document, or the summary on stderr after the streamed text."""
+    if as_json:
+        doc: dict[str, Any] = {"prompt": text, "text": "".join(pieces), "stats": stats.to_dict() if stats else None}
+        doc["seed"] = seed
+        if policy is not None:
+            doc["adaptive"] = policy.summary()
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo("")
+    render.gen_stats(stats)
+    if seed is not None:
+        render.note(f"seed: {seed}")
+    if policy is not None:
+        render.note(policy.describe())
 
 
 def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
     """The generated pieces, echoed as they come unless as_json; Ctrl-C stops cleanly (still reported).
     --show-draft colours accepted drafts on a terminal only, and not under NO_COLOR."""
     pieces: list[str] = []
-    colour = show_draft and not as_json and _terminal() and not os.environ.get("NO_COLOR")
+    colour = not as_json and _colour(show_draft)
     if show_draft and not as_json:
         render.note(
             "green: tokens from accepted drafts" if colour else "--show-draft: no colours (not a terminal, or NO_COLOR)"
@@ -193,7 +207,48 @@ def _terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def _demo_defaults(opts: dict[str, Any], prompt: str | None, prompt_file: Path | None) -> tuple[Path, bool, str | None]:
+def _colour(show_draft: bool) -> bool:
+    return show_draft and _terminal() and not os.environ.get("NO_COLOR")
+
+
+def _conversation(
+    model: Path | None,
+    prompt: str | None,
+    prompt_file: Path | None,
+    system: str | None,
+    show_draft: bool,
+    as_json: bool,
+    opts: dict[str, Any],
+) -> None:
+    """-cnv: the runtime loaded once, then turn after turn (-p / -f: the first one)."""
+    from mtp_cli.cli.conversation import converse
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.speed.auto import AutoDraft, parse_draft_n
+
+    if as_json:
+        raise click.UsageError("-cnv is interactive: drop --json")
+    if model is None:
+        model, _, prompt = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
+    first = _read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
+    sys_text = _text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None
+    if opts["seed"] == -1 and opts["temp"] > 0:
+        opts["seed"] = secrets.randbits(31)
+        render.note(f"seed: {opts['seed']}")
+    draft_n = parse_draft_n(opts["draft_n_max"])
+    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
+    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
+    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT
+    base = GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts})
+    with Runtime.load(model, base) as rt:
+        res = AutoDraft(rt).resolve(base, draft_n)
+        if res.note:
+            render.note(f"note: {res.note}")
+        converse(rt, res.config, res.policy, sys_text, _colour(show_draft), first)
+
+
+def _demo_defaults(
+    opts: dict[str, Any], prompt: str | None, prompt_file: Path | None, default_prompt: bool = True
+) -> tuple[Path, bool, str | None]:
     """The demo model (built on first use) and its defaults for every option not given on the command line."""
     from mtp_cli.demo import DEMO_PROMPT, demo_model, demo_path
 
@@ -210,7 +265,7 @@ def _demo_defaults(opts: dict[str, Any], prompt: str | None, prompt_file: Path |
         opts["draft_n_max"] = "auto"
     if not given("temp"):
         opts["temp"] = 0.0
-    if prompt is None and prompt_file is None:
+    if prompt is None and prompt_file is None and default_prompt:
         prompt = DEMO_PROMPT
         render.note(f"prompt: {prompt}")
     render.note(f"demo model: {path}")

@@ -29,7 +29,6 @@ LLAMA_ENV = {
 
 # llama.cpp flags mtp-cli does not support (yet): (spellings, takes a value)
 UNSUPPORTED = (
-    (("-cnv", "--conversation"), False),
     (("-fa", "--flash-attn"), True),
     (("-ctk", "--cache-type-k"), True),
     (("-ctv", "--cache-type-v"), True),
