@@ -127,6 +127,7 @@ def create_context(
     n_seq_max: int = 1,
     n_outputs_max: int = 0,
     embeddings: bool = False,
+    flash_attn: Optional[bool] = None,
 ) -> ContextPtr:
     """Create a context. For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
     ctx_other=<target context> (llama.cpp keeps ctx_other only for archs that share the
@@ -154,6 +155,8 @@ def create_context(
     params.n_threads_batch = int(n_threads_batch if n_threads_batch is not None else threads)
     params.ctx_type = int(ctx_type)
     params.embeddings = bool(embeddings)
+    if flash_attn is not None:  # (None: llama.cpp's auto)
+        params.flash_attn_type = _C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else _C.LLAMA_FLASH_ATTN_TYPE_DISABLED
     if _HAS_N_RS_SEQ:
         params.n_rs_seq = int(n_rs_seq)
     elif n_rs_seq:
