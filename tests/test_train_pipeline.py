@@ -225,3 +225,40 @@ def test_a_bad_work_folder_is_one_line_exit_2(trained, tmp_path, damage):
 
         with pytest.raises(TrainDataError, match=r"another model.*\(work\)"):
             Store.create(work / "data", n_embd=doc["n_embd"] - 8, top_k=doc["top_k"], n_vocab=doc["n_vocab"], model="m")
+
+
+@pytest.mark.slow
+def test_nothing_held_out_is_said_not_shown_as_zero(trained, tmp_path):
+    """It printed "held-out 0.0%" when no source was held out."""
+    from mtp_cli.train.data import is_heldout, source_key
+
+    kept = [
+        p for p in (f"tell me about item {i}" for i in range(60)) if not is_heldout(source_key("prompt", p), 0, 0.1)
+    ]
+    pr = tmp_path / "p.txt"
+    pr.write_text("\n".join(kept[:2]))
+    args = ["train", str(trained["src"]), "-o", str(tmp_path / "o.gguf"), "--prompts", str(pr), "--sidecar"]
+    r = CliRunner().invoke(main, [*args, "--minutes", "0.03"])
+    assert r.exit_code == 0, r.output
+    assert "nothing held out: no agreement measured" in r.output and "held-out top-1 0.0%" not in r.output
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_training_keeps_the_steps_and_says_how_to_resume(trained, tmp_path, monkeypatch):
+    from mtp_cli.train import trainer
+
+    real, calls = trainer.Trainer._one_step, {"n": 0}
+
+    def interrupted_at_3(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(trainer.Trainer, "_one_step", interrupted_at_3)
+    txt, pr = tiny_sources(tmp_path, 4, 4)
+    work = tmp_path / "work"
+    args = ["train", str(trained["src"]), "-o", str(tmp_path / "o.gguf"), "--text", str(txt), "--prompts", str(pr)]
+    r = CliRunner().invoke(main, [*args, "--work", str(work), "--minutes", "0.05", "--sidecar"])
+    assert r.exit_code == 130 and "the same command resumes it" in r.output and str(work) in r.output, r.output
+    assert any(p.name.endswith(".pt") or "ckpt" in p.name for p in work.rglob("*")), list(work.rglob("*"))

@@ -273,10 +273,13 @@ def train_progress() -> Iterator[tuple[Callable[[str], None], Callable[[Any], No
 
 def train_summary(res: Any, sidecar: bool) -> None:
     r = res.train
-    err.print(
-        f"held-out top-1 agreement with the trunk: step 1 {r.initial[0]:.1%} -> {r.final[0]:.1%}, "
-        f"step 2 {r.initial[1]:.1%} -> {r.final[1]:.1%} ({r.steps} steps, {r.steps_per_s:.2f} steps/s)"
-    )
+    if not r.heldout_rows:
+        err.print(f"nothing held out: no agreement measured ({r.steps} steps, {r.steps_per_s:.2f} steps/s)")
+    else:
+        err.print(
+            f"held-out top-1 agreement with the trunk: step 1 {r.initial[0]:.1%} -> {r.final[0]:.1%}, "
+            f"step 2 {r.initial[1]:.1%} -> {r.final[1]:.1%} ({r.steps} steps, {r.steps_per_s:.2f} steps/s)"
+        )
     if r.fit is not None:
         err.print(
             f"on training rows: step 1 {r.fit[0]:.1%}, step 2 {r.fit[1]:.1%}"

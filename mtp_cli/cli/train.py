@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,11 @@ def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, **
         n_threads=n_threads if n_threads is not None else default_threads(),
         **kw,
     )
-    with render.train_progress() as (on_stage, on_collect, on_train):
-        res = run_train(job, on_stage=on_stage, on_collect=on_collect, on_train=on_train)
+    try:
+        with render.train_progress() as (on_stage, on_collect, on_train):
+            res = run_train(job, on_stage=on_stage, on_collect=on_collect, on_train=on_train)
+    except KeyboardInterrupt:
+        work = job.work_dir
+        render.err.print(f"interrupted: what was collected and trained is kept in {work}; the same command resumes it")
+        sys.exit(130)
     render.train_summary(res, sidecar)

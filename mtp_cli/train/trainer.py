@@ -89,6 +89,7 @@ class TrainResult:
     final: tuple[float, float]
     history: list[dict] = field(default_factory=list)
     fit: tuple[float, float] | None = None  # the same on training rows: far above `final`, more data beats more steps
+    heldout_rows: int = 0  # rows `initial` and `final` were measured on (0: nothing held out, nothing measured)
 
 
 def _leading(seqs: list[dict], rows: int) -> list[dict]:
@@ -298,8 +299,8 @@ class Trainer:
                         self.step,
                         r.elapsed(),
                         loss,
-                        r.last[0],
-                        r.last[1],
+                        r.last[0] if self.heldout else None,
+                        r.last[1] if self.heldout else None,
                         r.per_s(r.steps),
                         r.per_s(r.rows),
                         budget,
@@ -308,6 +309,23 @@ class Trainer:
                 )
 
         report()
+        try:
+            self._steps(r, budget, total_budget, report, should_stop)
+        except KeyboardInterrupt:  # keep what was trained: the next run resumes from it
+            self._save_at(r.elapsed())
+            self.elapsed_total += r.elapsed()
+            raise
+        return self._end(r, report)
+
+    def _steps(
+        self,
+        r: _Run,
+        budget: float,
+        total_budget: float,
+        report: Callable[..., None],
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        cfg = self.cfg
         t_eval = t_ckpt = time.perf_counter()
         while not (cfg.max_steps is not None and r.steps >= cfg.max_steps) and r.elapsed() < budget:
             if should_stop and should_stop():
@@ -326,7 +344,6 @@ class Trainer:
                 self._save_at(r.elapsed())
                 t_ckpt = time.perf_counter()
             report()
-        return self._end(r, report)
 
     def _end(self, r: _Run, report: Callable[..., None]) -> TrainResult:
         """The run's last evaluation, record and checkpoint; its result."""
@@ -339,7 +356,10 @@ class Trainer:
         fit = self.evaluate(self.fit_probe) if self.heldout else None  # only worth reading beside held-out
         report(final=True)
         self.head.eval()
-        return TrainResult(r.steps, secs, r.per_s(r.steps), r.per_s(r.rows), r.init, r.last, list(self.history), fit)
+        n_heldout = sum(s["len"] for s in self.heldout)
+        return TrainResult(
+            r.steps, secs, r.per_s(r.steps), r.per_s(r.rows), r.init, r.last, list(self.history), fit, n_heldout
+        )
 
     def _record(self, r: _Run, loss: bool = True) -> None:
         entry: dict[str, Any] = {
