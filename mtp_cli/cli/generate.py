@@ -8,7 +8,7 @@ import secrets
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -19,6 +19,9 @@ from mtp_cli.cli import render
 from mtp_cli.cli.app import MtpCommand, UserError, main
 from mtp_cli.cli.llama_flags import llama_compat
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
+
+if TYPE_CHECKING:
+    from mtp_cli.speed.auto import DraftN
 
 
 class SpecTypeParam(click.ParamType):
@@ -127,7 +130,7 @@ def generate(
     """Generate text, drafting with an MTP head (or a draft model, or n-grams) and verifying in batches."""
     from mtp_cli.chat import chat_prompt
     from mtp_cli.runtime import Runtime
-    from mtp_cli.speed.auto import AutoDraft, parse_draft_n
+    from mtp_cli.speed.auto import AutoDraft
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt with -p or -f, not both")
@@ -138,13 +141,7 @@ def generate(
     text = _read_prompt(prompt, prompt_file)
     if system is not None and not chat:
         raise click.UsageError("-sys is a system message for the chat template: add --chat")
-    if opts["seed"] == -1 and opts["temp"] > 0:
-        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
-    draft_n = parse_draft_n(opts["draft_n_max"])
-    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
-    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
-    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved below)
-    base = GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts})
+    base, draft_n = _config(opts)
     with Runtime.load(model, base) as rt:
         res = AutoDraft(rt).resolve(base, draft_n)
         if chat:
@@ -203,6 +200,20 @@ def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
     return pieces
 
 
+def _config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
+    """The generation settings from the options (a random seed drawn, to be reported), and the
+    draft length as given (auto/adaptive are resolved against the loaded model)."""
+    from mtp_cli.speed.auto import parse_draft_n
+
+    if opts["seed"] == -1 and opts["temp"] > 0:
+        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
+    draft_n = parse_draft_n(opts["draft_n_max"])
+    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
+    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
+    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved later)
+    return GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}), draft_n
+
+
 def _terminal() -> bool:
     return sys.stdout.isatty()
 
@@ -223,7 +234,7 @@ def _conversation(
     """-cnv: the runtime loaded once, then turn after turn (-p / -f: the first one)."""
     from mtp_cli.cli.conversation import converse
     from mtp_cli.runtime import Runtime
-    from mtp_cli.speed.auto import AutoDraft, parse_draft_n
+    from mtp_cli.speed.auto import AutoDraft
 
     if as_json:
         raise click.UsageError("-cnv is interactive: drop --json")
@@ -231,14 +242,9 @@ def _conversation(
         model, _, prompt = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
     first = _read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
     sys_text = _text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None
-    if opts["seed"] == -1 and opts["temp"] > 0:
-        opts["seed"] = secrets.randbits(31)
+    base, draft_n = _config(opts)
+    if opts["temp"] > 0:
         render.note(f"seed: {opts['seed']}")
-    draft_n = parse_draft_n(opts["draft_n_max"])
-    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
-    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
-    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT
-    base = GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts})
     with Runtime.load(model, base) as rt:
         res = AutoDraft(rt).resolve(base, draft_n)
         if res.note:
