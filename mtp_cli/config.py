@@ -21,6 +21,7 @@ class GenConfig:
     n_predict: int = -1  # tokens to generate; -1 = until EOG or the context is full
     n_ctx: int = 4096  # 0 = the model's training context
     n_batch: int = 512  # prompt chunk size
+    flash_attn: Optional[bool] = None  # flash attention on / off; None: llama.cpp's auto
     n_threads: Optional[int] = None  # None = min(cpu count, 4)
     n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
     spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)

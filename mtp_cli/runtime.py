@@ -69,7 +69,7 @@ class Held:
 class Contexts:
     """The target context for one set of context settings, and one drafter per spec type on it."""
 
-    key: tuple[int, int, Optional[int], int]  # (n_ctx, n_batch, n_threads, n_rs_seq)
+    key: tuple[int, int, Optional[int], int, Optional[bool]]  # (n_ctx, n_batch, n_threads, n_rs_seq, flash_attn)
     target: lx.ContextPtr
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
@@ -216,11 +216,18 @@ class Runtime:
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2)
         # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
         n_rs = cfg.draft_n_max if (self.recurrent and cls.name != "none") else 0
-        key = (n_ctx, n_batch, cfg.n_threads, n_rs)
+        key = (n_ctx, n_batch, cfg.n_threads, n_rs, cfg.flash_attn)
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
-            tgt = lx.create_context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=cfg.n_threads, n_rs_seq=n_rs)
+            tgt = lx.create_context(
+                self.model,
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_threads=cfg.n_threads,
+                n_rs_seq=n_rs,
+                flash_attn=cfg.flash_attn,
+            )
             self._ctx = Contexts(key, tgt, min(n_ctx, lx.n_ctx(tgt)))
         c = self._ctx
         d = c.drafters.get(cls.name)

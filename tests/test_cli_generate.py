@@ -234,7 +234,7 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
     assert r2.returncode == 2 and b"Traceback" not in r2.stderr and b"not UTF-8" in r2.stderr
 
 
-@pytest.mark.parametrize("flags", [["-fa", "on"], ["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]])
+@pytest.mark.parametrize("flags", [["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]])
 def test_llama_cpp_flags_mtp_cli_lacks_are_refused_by_name(tiny, flags):
     """`-fa on` was read as `-f a` (a prompt file "a"), `-cnv` as `-c nv`, `-sys` as `--seed ys`."""
     r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", *flags)
@@ -275,3 +275,27 @@ def test_system_prompt_seed_show_draft_verbose_and_version(tiny):
         and "llama-cpp-python 0.3.36" in v.output
         and "GPU offload" in v.output
     )
+
+
+def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypatch):
+    """`-fa on` was read as `-f a` (a prompt file named "a"); `-b` did not exist."""
+    from mtp_cli import llama_ext as lx
+
+    made = []
+    real = lx.create_context
+    monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append(k) or real(*a, **k))
+    plain = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "12")
+    for flags in (["-fa", "off"], ["-fa", "on"], ["-b", "2"]):
+        made.clear()
+        doc = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "12", *flags)
+        target = made[0]
+        assert (target["flash_attn"], target["n_batch"]) == {
+            "-fa off": (False, 512),
+            "-fa on": (True, 512),
+            "-b 2": (None, 5),  # (n_batch: at least N+2)
+        }[" ".join(flags)]
+        assert doc["text"] == plain["text"]
+    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
+    made.clear()
+    gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "2")
+    assert made[0]["flash_attn"] is False

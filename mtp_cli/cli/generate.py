@@ -80,6 +80,25 @@ class SpecTypeOption(click.Option):
     "-n", "--n-predict", "n_predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text)."
 )
 @click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context size (0: the model's).")
+@click.option(
+    "-b",
+    "--batch-size",
+    "n_batch",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Prompt chunk size.",
+)
+@click.option(
+    "-fa",
+    "--flash-attn",
+    "flash_attn",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
+    help="Flash attention.",
+)
 @opt.threads
 @opt.gpu_layers
 @opt.seed

@@ -14,6 +14,8 @@ LLAMA_ENV = {
     "model": "LLAMA_ARG_MODEL",
     "n_threads": "LLAMA_ARG_THREADS",
     "n_ctx": "LLAMA_ARG_CTX_SIZE",
+    "n_batch": "LLAMA_ARG_BATCH",
+    "flash_attn": "LLAMA_ARG_FLASH_ATTN",
     "n_predict": "LLAMA_ARG_N_PREDICT",
     "n_gpu_layers": "LLAMA_ARG_N_GPU_LAYERS",
     "draft_model": "LLAMA_ARG_SPEC_DRAFT_MODEL",
@@ -29,10 +31,8 @@ LLAMA_ENV = {
 
 # llama.cpp flags mtp-cli does not support (yet): (spellings, takes a value)
 UNSUPPORTED = (
-    (("-fa", "--flash-attn"), True),
     (("-ctk", "--cache-type-k"), True),
     (("-ctv", "--cache-type-v"), True),
-    (("-b", "--batch-size"), True),
     (("-ub", "--ubatch-size"), True),
     (("--no-mmap",), False),
     (("--mlock",), False),
