@@ -236,7 +236,7 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
 
 @pytest.mark.parametrize("flags", [["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]])
 def test_llama_cpp_flags_mtp_cli_lacks_are_refused_by_name(tiny, flags):
-    """`-fa on` was read as `-f a` (a prompt file "a"), `-cnv` as `-c nv`, `-sys` as `--seed ys`."""
+    """`-ctk q8_0` was read as `-c tk` and `-ub 64` failed obscurely; now each is refused by name."""
     r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", *flags)
     assert r.exit_code == 2 and f"{flags[0]}: llama.cpp's option is not supported by mtp-cli" in r.output, r.output
 

@@ -477,8 +477,6 @@ def test_inspect_advice_is_copy_pasteable_and_right(sets, tmp_path):
     """Whole quoted paths; a head-only extract is not offered as -md (llama.cpp cannot load it); train gets -o."""
     import shlex
 
-    from gguf_tools.names import ADOPT_TARGET
-
     s = sets("glm4moe")
     odd = tmp_path / "my models"
     odd.mkdir()
@@ -491,7 +489,6 @@ def test_inspect_advice_is_copy_pasteable_and_right(sets, tmp_path):
     assert shlex.split(side.advice.split("graft it: ")[1])[4] == str(s["sidecar"])  # pastes as one argument
     full = inspect_file(s["full"])
     assert full.advice == f"ready: mtp-cli generate -m {shlex.quote(str(s['full']))} --spec-type mtp"
-    assert ADOPT_TARGET == "glm4moe"
 
 
 def test_a_head_tensor_q8_0_cannot_hold_falls_back_to_f16_as_the_converter_does():

@@ -200,12 +200,13 @@ def _type_name(k: str, h: Header) -> str:
 def key_types(h: Header) -> Iterator[Problem]:
     expect = {**GENERAL_TYPES, **{h.key(k): t for k, t in ARCH_TYPES.items()}}
     layer = {h.key(k) for k in LAYER_KEYS}
+    flags = {h.key(f) for f in FLAG_ARRAYS}
     for k, vt in h.types.items():
         if k in layer:
             yield from _layer_key(h, k)
         elif k in expect and vt != expect[k]:
             yield problem("key-type", k, f"{k} is {_type_name(k, h)}, llama.cpp reads a {expect[k].name.lower()}")
-        elif k in {h.key(f) for f in FLAG_ARRAYS} and isinstance(h.values[k], ArrayValue):
+        elif k in flags and isinstance(h.values[k], ArrayValue):
             yield from _flag_array(h, k)
 
 

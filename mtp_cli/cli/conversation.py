@@ -10,7 +10,6 @@ import click
 from mtp_cli.chat import Conversation
 from mtp_cli.cli import render
 from mtp_cli.config import GenConfig
-from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
 
 HELP = "conversation: /exit or end of input (Ctrl-D) to leave; Ctrl-C stops an answer (at the prompt: leaves)"
@@ -49,12 +48,7 @@ def converse(
 
 def _answer(rt: Any, conv: Conversation, prompt: list[int], cfg: GenConfig, policy: Any, colour: bool) -> None:
     """Stream one answer (Ctrl-C stops it: what came so far stays in the history), then its summary."""
-    try:
-        gen = rt.generate(prompt, cfg, policy=policy, reuse=True)
-    except ConfigError as e:
-        if "context holds" in str(e):
-            raise ConfigError(f"the conversation no longer fits the context ({len(prompt)} tokens; `n_ctx`)") from None
-        raise
+    gen = rt.generate(prompt, cfg, policy=policy, reuse=True)  # (a history past the context: one line, -c)
     tokens: list[int] = []
     pieces: list[str] = []
     try:
