@@ -27,7 +27,9 @@ sys.path.insert(0, str(ROOT))
 def logits(model, toks: list[int], n_threads: int, flash: bool | None) -> np.ndarray:
     from mtp_cli import llama_ext as lx
 
-    ctx = lx.create_context(model, n_ctx=len(toks) + 8, n_batch=len(toks), n_threads=n_threads, flash_attn=flash)
+    ctx = lx.create_context(
+        model, n_ctx=len(toks) + 8, n_batch=len(toks), n_threads=n_threads, kv=lx.KvOptions(flash_attn=flash)
+    )
     try:
         b = lx.Batch(len(toks))
         b.add_many(toks, 0)

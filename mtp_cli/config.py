@@ -8,12 +8,16 @@ into a number and a DraftPolicy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from mtp_cli.errors import ConfigError
 
 DRAFT_N_MAX_LIMIT = 32  # the most tokens one step may draft
+# llama.cpp's -ctk / -ctv names (common/arg.cpp kv_cache_types) and -lm modes (its --load-mode)
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
 
 
 @dataclass(frozen=True)
@@ -21,9 +25,13 @@ class GenConfig:
     n_predict: int = -1  # tokens to generate; -1 = until EOG or the context is full
     n_ctx: int = 4096  # 0 = the model's training context
     n_batch: int = 512  # prompt chunk size
+    n_ubatch: Optional[int] = None  # physical batch size; None: n_batch
     flash_attn: Optional[bool] = None  # flash attention on / off; None: llama.cpp's auto
+    cache_type_k: str = "f16"  # KV cache cell types (KV_CACHE_TYPES)
+    cache_type_v: str = "f16"
     n_threads: Optional[int] = None  # None = min(cpu count, 4)
     n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
+    load_mode: str = "auto"  # how llama.cpp maps the weights (LOAD_MODES); read by Runtime.load only
     spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)
     draft_model: Optional[str] = None  # draft GGUF or MTP sidecar; read by Runtime.load only
     draft_n_max: int = 3  # most tokens drafted per step
@@ -35,19 +43,39 @@ class GenConfig:
     top_k: int = 40  # 0 = off
     top_p: float = 0.95  # 1 = off
     min_p: float = 0.05  # 0 = off
+    repeat_penalty: float = 1.0  # llama.cpp's penalties sampler: 1 = off
+    repeat_last_n: int = 64  # tokens it looks back over (the prompt's included); 0 = off
+    ignore_eos: bool = False  # end-of-generation tokens never sampled (llama.cpp: an EOG logit bias of -inf)
     seed: int = -1  # -1 = random
 
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
 
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+
     def validated(self) -> GenConfig:
         """Self, if every value is in range; raises ConfigError naming the first that is not."""
         _at_least(self.n_predict, -1, "n_predict")
         _at_least(self.n_ctx, 0, "n_ctx")
         _at_least(self.n_batch, 1, "n_batch")
+        if self.n_ubatch is not None:
+            _at_least(self.n_ubatch, 1, "n_ubatch")
         if self.n_threads is not None:
             _at_least(self.n_threads, 1, "n_threads")
+        for name in ("cache_type_k", "cache_type_v"):
+            if getattr(self, name) not in KV_CACHE_TYPES:
+                raise ConfigError(f"`{name}` must be one of {', '.join(KV_CACHE_TYPES)}, got {getattr(self, name)!r}")
+        if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn is False:
+            # llama.cpp refuses the context: V is read transposed without flash attention
+            raise ConfigError(f"a quantized `cache_type_v` ({self.cache_type_v}) needs `flash_attn` (on or auto)")
+        if self.load_mode not in LOAD_MODES:
+            raise ConfigError(f"`load_mode` must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ConfigError(f"`repeat_penalty` must be above 0, got {self.repeat_penalty}")
+        _at_least(self.repeat_last_n, 0, "repeat_last_n")
         if not isinstance(self.draft_n_max, int) or isinstance(self.draft_n_max, bool):
             raise ConfigError(
                 f"`draft_n_max` must be a number (auto and adaptive are resolved by "
@@ -79,4 +107,4 @@ def _in_unit(value: float, name: str) -> None:
         raise ConfigError(f"`{name}` must be in [0, 1], got {value}")
 
 
-__all__ = ["GenConfig", "DRAFT_N_MAX_LIMIT"]
+__all__ = ["GenConfig", "DRAFT_N_MAX_LIMIT", "KV_CACHE_TYPES", "LOAD_MODES"]

@@ -36,7 +36,7 @@ from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Drafter
 from mtp_cli.errors import LlamaError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.sampling import TokenSampler, verify_greedy
+from mtp_cli.sampling import RowEdits, TokenSampler, verify_greedy
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 
 _now = time.perf_counter
@@ -65,6 +65,7 @@ class VerifyLoop:
         self.n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
         self.V = lx.n_vocab(model)
         self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
+        self.edits = RowEdits(cfg, lx.eog_tokens(model) if cfg.ignore_eos else ())
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))
         self.t_consumer = 0.0
@@ -128,7 +129,10 @@ class VerifyLoop:
             vb.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
             lx.decode(tgt, vb)
             d.on_prefill(chunk, p0)
-        first = self.id_last = self.sampler.sample(tgt, vb.n_tokens - 1, lx.logits_rows(tgt, 1, self.V)[0])
+        row = lx.logits_rows(tgt, 1, self.V)
+        if self.edits.active:
+            self.edits.apply(row, prompt)
+        first = self.id_last = self.sampler.sample(tgt, vb.n_tokens - 1, row[0])
         self.n_past = len(prompt)
         d.t_decode, d.n_decode = 0.0, 0  # the drafter's generation costs start now
         return first
@@ -175,6 +179,8 @@ class VerifyLoop:
         st.t_target_decode += _now() - t
         st.n_verify += 1
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
+        if self.edits.active:
+            self.edits.apply(rows, [*self.decoded[-self.edits.last_n :], self.id_last], drafts)
         if self.sampler.greedy:
             return verify_greedy(rows, drafts)
         return self.verify_sampled(self.sampler, self.tgt, rows, drafts)

@@ -24,6 +24,7 @@ from typing import Optional
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import require_loadable
+from gguf_tools.loadable.kv_cache import kv_cache_problem
 from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
@@ -69,7 +70,7 @@ class Held:
 class Contexts:
     """The target context for one set of context settings, and one drafter per spec type on it."""
 
-    key: tuple[int, int, Optional[int], int, Optional[bool]]  # (n_ctx, n_batch, n_threads, n_rs_seq, flash_attn)
+    key: tuple[int, int, Optional[int], int, lx.KvOptions]  # (n_ctx, n_batch, n_threads, n_rs_seq, kv)
     target: lx.ContextPtr
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
@@ -95,6 +96,7 @@ class Runtime:
         spec_type: str = "none",
         draft_model: Optional[str | os.PathLike[str]] = None,
         n_gpu_layers: int = -1,
+        load_mode: str = "auto",
         quiet: bool = True,
     ):
         spec = drafters.get(spec_type)
@@ -103,7 +105,7 @@ class Runtime:
         self.model_path = Path(model_path)
         self.draft_path = Path(draft_model) if draft_model else None
         self.spec = spec  # the drafter class it was loaded for
-        self.n_gpu_layers = n_gpu_layers
+        self.n_gpu_layers, self.load_mode = n_gpu_layers, load_mode
         self._owned: list[lx.ModelPtr] = []
         self._ctx: Optional[Contexts] = None
         self.stats: Optional[GenStats] = None
@@ -130,13 +132,18 @@ class Runtime:
         """Load what `config` needs (its spec type, its draft model)."""
         cfg = drafters.validated(config)
         return cls(
-            model_path, spec_type=cfg.spec_type, draft_model=cfg.draft_model, n_gpu_layers=cfg.n_gpu_layers, quiet=quiet
+            model_path,
+            spec_type=cfg.spec_type,
+            draft_model=cfg.draft_model,
+            n_gpu_layers=cfg.n_gpu_layers,
+            load_mode=cfg.load_mode,
+            quiet=quiet,
         )
 
     def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.ModelPtr:
         try:
             t0 = time.perf_counter()
-            model = lx.load_model(gf, load_mtp=load_mtp, n_gpu_layers=self.n_gpu_layers)
+            model = lx.load_model(gf, load_mtp=load_mtp, n_gpu_layers=self.n_gpu_layers, load_mode=self.load_mode)
             log.info(
                 "%s: loaded %s (%s, %.1f MB%s) in %.2f s",
                 role,
@@ -216,28 +223,37 @@ class Runtime:
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2)
         # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
         n_rs = cfg.draft_n_max if (self.recurrent and cls.name != "none") else 0
-        key = (n_ctx, n_batch, cfg.n_threads, n_rs, cfg.flash_attn)
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, cfg.n_ubatch, cfg.flash_attn)
+        key = (n_ctx, n_batch, cfg.n_threads, n_rs, kv)
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
+            self._check_kv(cfg)
             tgt = lx.create_context(
                 self.model,
                 n_ctx=n_ctx,
                 n_batch=n_batch,
                 n_threads=cfg.n_threads,
                 n_rs_seq=n_rs,
-                flash_attn=cfg.flash_attn,
+                kv=kv,
             )
             self._ctx = Contexts(key, tgt, min(n_ctx, lx.n_ctx(tgt)))
         c = self._ctx
         d = c.drafters.get(cls.name)
         if d is None:
-            d = c.drafters[cls.name] = cls.create(self.models, ContextPlan(c.target, n_ctx, n_batch, cfg.n_threads))
+            d = c.drafters[cls.name] = cls.create(self.models, ContextPlan(c.target, n_ctx, n_batch, cfg.n_threads, kv))
             if d.n_ctx is not None:
                 c.n_ctx = min(c.n_ctx, d.n_ctx)
         d.configure(cfg)
         lx.set_embeddings_nextn(c.target, cls.target_h, False)  # the target computes h rows only for who reads them
         return c, d
+
+    def _check_kv(self, cfg: GenConfig) -> None:
+        """Refuse, naming the setting, KV cache types llama.cpp would not create a context with."""
+        for gf in (self.file, self.draft_file):
+            why = kv_cache_problem(gf.scan, cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn) if gf else None
+            if gf and why:
+                raise ConfigError(f"{gf.path.name}: {why}")
 
     # -- generation ----------------------------------------------------------------------------
 

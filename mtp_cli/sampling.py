@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from mtp_cli import llama_ext as lx
+from mtp_cli.config import GenConfig
 
 
 class TokenSampler:
@@ -48,6 +49,38 @@ class TokenSampler:
             self.close()
         except Exception:
             pass
+
+
+class RowEdits:
+    """What llama.cpp's sampler chain does to a row before its other samplers: the EOG logit bias of
+    -inf (--ignore-eos), then the repeat penalty over the last `repeat_last_n` tokens (prompt included;
+    a logit <= 0 is multiplied by the penalty, one above 0 divided). Applied in place to the target's
+    own logits buffer, so greedy argmax and llama.cpp's sampler chain both choose from the edited rows;
+    row i of a verify batch is penalized for the tokens before it (history, then drafts[:i]), exactly
+    as plain decoding would have."""
+
+    def __init__(self, cfg: GenConfig, eog_tokens: Sequence[int]):
+        self.penalty = np.float32(cfg.repeat_penalty) if cfg.penalized else None
+        self.last_n = cfg.repeat_last_n
+        self.eog = np.asarray(eog_tokens, dtype=np.int64) if cfg.ignore_eos and len(eog_tokens) else None
+
+    @property
+    def active(self) -> bool:
+        return self.penalty is not None or self.eog is not None
+
+    def apply(self, rows: np.ndarray, history: Sequence[int], drafts: Sequence[int] = ()) -> None:
+        """Edit rows[i] (the logits after history + drafts[:i]) in place."""
+        if self.eog is not None:
+            rows[:, self.eog] = -np.inf
+        if self.penalty is None:
+            return
+        n = self.last_n
+        tail = [*history[-n:], *drafts]
+        end0 = len(tail) - len(drafts)
+        for i in range(rows.shape[0]):
+            seen = np.unique(np.asarray(tail[max(0, end0 + i - n) : end0 + i], dtype=np.int64))
+            row, v = rows[i], rows[i, seen]
+            row[seen] = np.where(v <= 0, v * self.penalty, v / self.penalty)
 
 
 def verify_greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
@@ -94,4 +127,4 @@ class ConfidenceProbe:
         return float(1.0 / buf.sum(dtype=np.float64))
 
 
-__all__ = ["TokenSampler", "ConfidenceProbe", "verify_greedy", "verify_sampled"]
+__all__ = ["TokenSampler", "RowEdits", "ConfidenceProbe", "verify_greedy", "verify_sampled"]

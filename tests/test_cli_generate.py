@@ -234,11 +234,65 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
     assert r2.returncode == 2 and b"Traceback" not in r2.stderr and b"not UTF-8" in r2.stderr
 
 
-@pytest.mark.parametrize("flags", [["-ctk", "q8_0"], ["-ub", "64"], ["--ignore-eos"], ["--no-mmap"]])
-def test_llama_cpp_flags_mtp_cli_lacks_are_refused_by_name(tiny, flags):
+@pytest.mark.parametrize(
+    "cmd, flags",
+    [
+        ("generate", ["--presence-penalty", "0.5"]),
+        ("generate", ["--grammar", "root ::= x"]),
+        ("tune", ["-ctk", "q8_0"]),
+        ("bench", ["--ignore-eos"]),
+        ("bench", ["-ub", "64"]),
+    ],
+)
+def test_llama_cpp_flags_a_command_lacks_are_refused_by_name(tiny, cmd, flags):
     """`-ctk q8_0` was read as `-c tk` and `-ub 64` failed obscurely; now each is refused by name."""
-    r = run("-m", str(tiny["full"]), "-p", "hi", "-n", "2", *flags)
-    assert r.exit_code == 2 and f"{flags[0]}: llama.cpp's option is not supported by mtp-cli" in r.output, r.output
+    r = CliRunner().invoke(main, [cmd, "-m", str(tiny["full"]), *flags])
+    assert r.exit_code == 2 and f"{flags[0]}: llama.cpp's option is not supported by `mtp-cli {cmd}`" in r.output, (
+        r.output
+    )
+
+
+def test_kv_cache_loading_and_sampling_flags_as_llama_cpp_spells_them(tiny, monkeypatch):
+    """-ctk/-ctv, -ub, -lm (and the old --no-mmap/--mlock), --repeat-penalty/--repeat-last-n and
+    --ignore-eos were missing; each reaches llama.cpp (or the sampler), by flag or LLAMA_ARG_*."""
+    from mtp_cli import llama_ext as lx
+
+    made, loads = [], []
+    real_ctx, real_load = lx.create_context, lx.load_model
+    monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append(k) or real_ctx(*a, **k))
+    monkeypatch.setattr(lx, "load_model", lambda *a, **k: loads.append(k) or real_load(*a, **k))
+    base = ["-m", str(tiny["full"]), "-p", "hello world", "-n", "12", "--temp", "0", "--spec-type", "mtp"]
+    plain = gen_json(*base)
+    doc = gen_json(*base, "-ctk", "q8_0", "-fa", "off", "-ub", "4", "-lm", "none")
+    assert {d["kv"] for d in made[-2:]} == {lx.KvOptions("q8_0", "f16", 4, False)}  # the target's and the head's
+    assert loads[-1]["load_mode"] == "none" and doc["stats"]["n_tokens"] == 12
+    for flags, mode in ((["--no-mmap"], "none"), (["--mlock"], "mmap+mlock"), (["--no-mmap", "--mlock"], "mlock")):
+        gen_json(*base, *flags)
+        assert loads[-1]["load_mode"] == mode, flags
+    monkeypatch.setenv("LLAMA_ARG_CACHE_TYPE_K", "q4_0")
+    monkeypatch.setenv("LLAMA_ARG_UBATCH", "8")
+    monkeypatch.setenv("LLAMA_ARG_LOAD_MODE", "mmap")
+    gen_json(*base, "-fa", "off")
+    assert made[-1]["kv"] == lx.KvOptions("q4_0", "f16", 8, False) and loads[-1]["load_mode"] == "mmap"
+    # the tiny model's heads are 16 wide: llama.cpp would refuse the context ("failed to create")
+    r = run(*base)
+    assert r.exit_code == 2 and "-ctk q4_0 stores blocks of 32, and this model's key heads are 16 wide" in r.output
+    monkeypatch.delenv("LLAMA_ARG_CACHE_TYPE_K")
+    from mtp_cli import sampling
+
+    edits = []
+    real_edits = sampling.RowEdits.__init__
+    monkeypatch.setattr(
+        sampling.RowEdits, "__init__", lambda self, cfg, eog: edits.append(cfg) or real_edits(self, cfg, eog)
+    )
+    gen_json(*base, "--repeat-penalty", "3", "--repeat-last-n", "16", "--ignore-eos")
+    monkeypatch.setenv("LLAMA_ARG_REPEAT_PENALTY", "2.5")
+    gen_json(*base)
+    got = [(c.repeat_penalty, c.repeat_last_n, c.ignore_eos) for c in edits]
+    assert got == [(3.0, 16, True), (2.5, 64, False)], got  # (exactness: tests/test_row_edits.py)
+    r = run(*base, "-ctv", "q4_0", "-fa", "off")
+    assert r.exit_code == 2 and "a quantized -ctv (q4_0) needs -fa (on or auto)" in r.output, r.output
+    assert plain["stats"]["n_tokens"] == 12
 
 
 def test_llama_arg_environment_variables_under_the_flags(tiny, monkeypatch):
@@ -289,7 +343,7 @@ def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypat
         made.clear()
         doc = gen_json("-m", str(tiny["full"]), "-p", "hello world", "-n", "12", *flags)
         target = made[0]
-        assert (target["flash_attn"], target["n_batch"]) == {
+        assert (target["kv"].flash_attn, target["n_batch"]) == {
             "-fa off": (False, 512),
             "-fa on": (True, 512),
             "-b 2": (None, 5),  # (n_batch: at least N+2)
@@ -298,4 +352,15 @@ def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypat
     monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
     made.clear()
     gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "2")
-    assert made[0]["flash_attn"] is False
+    assert made[0]["kv"].flash_attn is False
+
+
+def test_tune_and_bench_without_a_model_run_the_demo_as_generate_does(tiny, monkeypatch):
+    """`mtp-cli tune` without -m was "Missing option -m" where `generate` runs the demo model."""
+    from mtp_cli.cli import speed
+
+    monkeypatch.setattr(speed, "demo_file", lambda: tiny["full"])
+    r = CliRunner().invoke(main, ["bench", "-n", "4", "--repeats", "1", "-t", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == str(tiny["full"]), r.output
+    r = CliRunner().invoke(main, ["tune", "--budget", "3", "--n-max", "2", "--no-save", "-t", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == str(tiny["full"]), r.output

@@ -157,3 +157,41 @@ def test_self_prompts_from_smollm2(tmp_path):
     assert generate_prompts(model, cfg) == a
     b = generate_prompts(model, cfg, exclude=[a[0].upper()])
     assert a[0] not in b and b[:5] == a[1:]
+
+
+def test_collect_reports_at_once_and_counts_only_this_runs_sources(trained, tmp_path):
+    """The bar was full from the start: a resumed run counted what earlier runs stored as its own."""
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import CollectConfig
+
+    adopted = trained["job"].work_dir / "adopted.gguf"
+    cfg = CollectConfig(max_len=48, max_new=16, n_seq=2)
+    seen = []
+    collect(adopted, tmp_path / "d", prompts=["the cat", "a dog", "the cat"], cfg=cfg, progress=seen.append)
+    assert seen[0].rows == 0 and seen[0].done == 0 and seen[0].total == 2  # before any answer; repeats once
+    assert seen[-1].fraction == 1.0 and seen[-1].before == 0
+    seen.clear()
+    collect(
+        adopted, tmp_path / "d", prompts=["the cat", "a dog", "new one", "and another"], cfg=cfg, progress=seen.append
+    )
+    assert (seen[0].before, seen[0].done, seen[0].total, seen[0].fraction) == (2, 2, 4, 0.0)
+    assert seen[-1].fraction == 1.0
+
+
+def test_collect_stops_at_its_deadline_and_reports_its_budget(trained, tmp_path):
+    import time
+
+    from mtp_cli.train.collect import collect
+    from mtp_cli.train.data import CollectConfig
+
+    adopted = trained["job"].work_dir / "adopted.gguf"
+    seen = []
+    st = collect(
+        adopted,
+        tmp_path / "d",
+        prompts=[f"prompt {i}" for i in range(6)],
+        cfg=CollectConfig(max_len=48, max_new=16, n_seq=2),
+        progress=seen.append,
+        deadline=time.monotonic() - 1,
+    )
+    assert st.n_rows == 0 and seen and seen[0].budget_s < 0

@@ -262,3 +262,68 @@ def test_ctrl_c_while_training_keeps_the_steps_and_says_how_to_resume(trained, t
     r = CliRunner().invoke(main, [*args, "--work", str(work), "--minutes", "0.05", "--sidecar"])
     assert r.exit_code == 130 and "the same command resumes it" in r.output and str(work) in r.output, r.output
     assert any(p.name.endswith(".pt") or "ckpt" in p.name for p in work.rglob("*")), list(work.rglob("*"))
+
+
+def test_training_budget_leaves_room_for_the_export(trained, tmp_path, monkeypatch):
+    """`--minutes 1` took 1 min 32 s: the export came after the whole budget had been trained."""
+    from mtp_cli.train import pipeline
+
+    job = replace(
+        trained["job"], out=tmp_path / "o.gguf", work=tmp_path / "w", train=None, minutes=0.05, collect_share=0.0
+    )
+    shutil.copytree(trained["job"].work_dir / "data", tmp_path / "w" / "data")
+    monkeypatch.setattr(pipeline, "export_seconds", lambda job, trunk: 3.0)  # the whole budget
+    res = pipeline.run_train(job)
+    assert res.train.steps == 0 and res.out.is_file()
+
+
+def test_training_budget_covers_its_evaluations(trained, monkeypatch):
+    """The first evaluation ran before the clock started and the last two after the budget ended."""
+    import time
+
+    from mtp_cli.train import trainer as tm
+    from mtp_cli.train.data import Store
+    from mtp_cli.train.head import MtpHead
+    from mtp_cli.train.trunk import Trunk, initial_weights
+
+    work = trained["job"].work_dir
+    tr = Trunk(work / "adopted.gguf")
+    real = tm.Trainer._evaluate
+
+    def slow_evaluate(self, seqs):
+        time.sleep(0.4)
+        return real(self, seqs)
+
+    monkeypatch.setattr(tm.Trainer, "_evaluate", slow_evaluate)
+    t = tm.Trainer(
+        MtpHead.from_trunk(tr, initial_weights(tr, "trunk", 3)),
+        Store.open(work / "data"),
+        tm.TrainConfig(minutes=1.5 / 60, batch_seqs=4, eval_every_s=1e9, eval_rows=64),
+    )
+    t0 = time.perf_counter()
+    res = t.run()
+    took = time.perf_counter() - t0
+    assert took < 1.5 + 0.35, took  # before: 0.4 + 1.5 + 2 x 0.4 s
+    assert res.steps > 0
+
+
+def test_progress_stops_each_stages_clock_when_the_next_starts(monkeypatch):
+    """The collecting clock ran on through training and export."""
+    import io
+    import re
+    import time
+
+    from rich.console import Console
+
+    from mtp_cli.cli import render
+    from mtp_cli.train.collect import CollectProgress
+
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "err", Console(file=buf, force_terminal=True, width=160))
+    with render.train_progress() as (on_stage, on_collect, _):
+        on_collect(CollectProgress("prompt", 3, 10, 5, 0.0, 10.0, 1))
+        on_stage("train")
+        time.sleep(1.3)
+    last = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue()).split("collecting")[-1].splitlines()[0]
+    assert "3/10 sources (1 from earlier runs), 5 rows, answers 10 tok/s" in last, last
+    assert last.rstrip().endswith("0:00:00"), last

@@ -11,7 +11,7 @@ from rich.logging import RichHandler
 
 from gguf_tools.errors import GGUFToolError
 from mtp_cli import __version__
-from mtp_cli.cli.llama_flags import with_llama_env
+from mtp_cli.cli.llama_flags import settle_refusals, with_llama_env
 from mtp_cli.cli.render import err, one_line_error
 from mtp_cli.errors import MtpError
 
@@ -31,6 +31,7 @@ class MtpCommand(click.Command):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        settle_refusals(self)
         with_llama_env(self)
         self.params.append(
             click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose, help=_VERBOSE_HELP)

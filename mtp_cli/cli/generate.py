@@ -17,7 +17,7 @@ from gguf_tools.errors import spelled
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import MtpCommand, UserError, main
-from mtp_cli.cli.llama_flags import llama_compat
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_mode_of
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class SpecTypeOption(click.Option):
     is_flag=True,
     help="Chat in the terminal, turn after turn, with the chat template (-sys, -p: the first turn).",
 )
+@kv_and_sampling
 @llama_compat
 def generate(
     model: Path | None,
@@ -226,6 +227,7 @@ def _config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
 
     if opts["seed"] == -1 and opts["temp"] > 0:
         opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
+    load_mode_of(opts)
     draft_n = parse_draft_n(opts["draft_n_max"])
     opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
     opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
@@ -275,15 +277,12 @@ def _demo_defaults(
     opts: dict[str, Any], prompt: str | None, prompt_file: Path | None, default_prompt: bool = True
 ) -> tuple[Path, bool, str | None]:
     """The demo model (built on first use) and its defaults for every option not given on the command line."""
-    from mtp_cli.demo import DEMO_PROMPT, demo_model, demo_path
+    from mtp_cli.cli.demo_model import demo_file
+    from mtp_cli.demo import DEMO_PROMPT
 
     ctx = click.get_current_context()
     given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
-    if demo_path().is_file():
-        path = demo_model()
-    else:
-        with render.byte_progress("building the demo model (once)") as cb:
-            path = demo_model(cb)
+    path = demo_file()
     if not given("spec_type"):
         opts["spec_type"] = "mtp"
     if not given("draft_n_max") and opts["spec_type"] == "mtp":
@@ -293,7 +292,6 @@ def _demo_defaults(
     if prompt is None and prompt_file is None and default_prompt:
         prompt = DEMO_PROMPT
         render.note(f"prompt: {prompt}")
-    render.note(f"demo model: {path}")
     return path, True, prompt
 
 

@@ -1,6 +1,7 @@
 """llama.cpp's habits, in one table: the LLAMA_ARG_* environment variables its common/arg.cpp reads
-for the options mtp-cli shares (flag over environment over default), and the llama.cpp flags
-mtp-cli does not have, declared so that `-fa on` is refused by name instead of being read as `-f a`.
+for the options mtp-cli shares (flag over environment over default); its KV cache, loading and
+sampling flags (`kv_and_sampling`); and the llama.cpp flags a command does not have, declared so
+that `-ctk q8_0` is refused by name instead of being read as `-c tk`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
+
+from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
 LLAMA_ENV = {
@@ -27,18 +30,106 @@ LLAMA_ENV = {
     "top_k": "LLAMA_ARG_TOP_K",
     "top_p": "LLAMA_ARG_TOP_P",
     "min_p": "LLAMA_ARG_MIN_P",
+    "n_ubatch": "LLAMA_ARG_UBATCH",
+    "cache_type_k": "LLAMA_ARG_CACHE_TYPE_K",
+    "cache_type_v": "LLAMA_ARG_CACHE_TYPE_V",
+    "load_mode": "LLAMA_ARG_LOAD_MODE",
+    "repeat_penalty": "LLAMA_ARG_REPEAT_PENALTY",
 }
 
-# llama.cpp flags mtp-cli does not support (yet): (spellings, takes a value)
+# llama.cpp flags a model-running command may lack: (spellings, takes a value); each command
+# that lacks one refuses it by name (a command that has it keeps its own: settle_refusals)
 UNSUPPORTED = (
     (("-ctk", "--cache-type-k"), True),
     (("-ctv", "--cache-type-v"), True),
     (("-ub", "--ubatch-size"), True),
+    (("-lm", "--load-mode"), True),
     (("--no-mmap",), False),
     (("--mlock",), False),
     (("--repeat-penalty",), True),
+    (("--repeat-last-n",), True),
     (("--ignore-eos",), False),
+    (("--presence-penalty",), True),
+    (("--frequency-penalty",), True),
+    (("--grammar",), True),
+    (("-j", "--json-schema"), True),
 )
+_REFUSAL = "unsupported_"
+
+
+def _stack(*decorators: Any) -> Any:
+    def apply(f: Any) -> Any:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+# llama.cpp's KV cache, loading and sampling flags, as its common/arg.cpp spells them (generate)
+kv_and_sampling = _stack(
+    click.option(
+        "-ub",
+        "--ubatch-size",
+        "n_ubatch",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Physical batch size [default: -b].",
+    ),
+    click.option(
+        "-ctk",
+        "--cache-type-k",
+        "cache_type_k",
+        type=click.Choice(KV_CACHE_TYPES),
+        default="f16",
+        show_default=True,
+        help="KV cache type for K.",
+    ),
+    click.option(
+        "-ctv",
+        "--cache-type-v",
+        "cache_type_v",
+        type=click.Choice(KV_CACHE_TYPES),
+        default="f16",
+        show_default=True,
+        help="KV cache type for V (quantized: needs flash attention).",
+    ),
+    click.option(
+        "-lm",
+        "--load-mode",
+        "load_mode",
+        type=click.Choice(LOAD_MODES),
+        default="auto",
+        show_default=True,
+        help="How the weights are loaded: mmap, mlock (kept in RAM), none (read in).",
+    ),
+    click.option("--no-mmap", "no_mmap", is_flag=True, help="Read the weights in instead of mapping them (-lm none)."),
+    click.option("--mlock", is_flag=True, help="Keep the weights in RAM (-lm mmap+mlock; with --no-mmap: mlock)."),
+    click.option(
+        "--repeat-penalty",
+        "repeat_penalty",
+        type=click.FloatRange(min=0, min_open=True),
+        default=1.0,
+        show_default=True,
+        help="Penalize tokens among the last --repeat-last-n (1: off).",
+    ),
+    click.option(
+        "--repeat-last-n",
+        "repeat_last_n",
+        type=click.IntRange(min=0),
+        default=64,
+        show_default=True,
+        help="Tokens the repeat penalty looks back over, the prompt's included (0: off).",
+    ),
+    click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never end at an end-of-generation token."),
+)
+
+
+def load_mode_of(opts: dict[str, Any]) -> None:
+    """Fold the old spellings --no-mmap / --mlock into opts["load_mode"] (they win over -lm's default)."""
+    no_mmap, mlock = opts.pop("no_mmap", False), opts.pop("mlock", False)
+    if no_mmap or mlock:
+        opts["load_mode"] = {(True, False): "none", (False, True): "mmap+mlock", (True, True): "mlock"}[no_mmap, mlock]
 
 
 def with_llama_env(cmd: click.Command) -> None:
@@ -51,16 +142,31 @@ def with_llama_env(cmd: click.Command) -> None:
 def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     if value not in (None, False):
         flag = next(o for o in param.opts if o.startswith("-"))
-        raise click.UsageError(f"{flag}: llama.cpp's option is not supported by mtp-cli", ctx)
+        raise click.UsageError(f"{flag}: llama.cpp's option is not supported by `mtp-cli {ctx.info_name}`", ctx)
 
 
 def llama_compat(f: Any) -> Any:
-    """Declare the llama.cpp flags mtp-cli lacks on a command that runs a model (hidden; each refused by name)."""
+    """Declare the llama.cpp flags on a command that runs a model (hidden; each refused by name unless
+    the command has its own: settle_refusals drops those)."""
     for names, takes_value in UNSUPPORTED:
-        dest = "unsupported_" + names[-1].lstrip("-").replace("-", "_")
+        dest = _REFUSAL + names[-1].lstrip("-").replace("-", "_")
         kind: dict[str, Any] = {"type": str} if takes_value else {"is_flag": True}
         f = click.option(*names, dest, hidden=True, expose_value=False, callback=_refuse, **kind)(f)
     return f
 
 
-__all__ = ["LLAMA_ENV", "UNSUPPORTED", "with_llama_env", "llama_compat"]
+def settle_refusals(cmd: click.Command) -> None:
+    """Drop the hidden refusals of flags `cmd` declares itself."""
+    own = {o for p in cmd.params if not (p.name or "").startswith(_REFUSAL) for o in p.opts}
+    cmd.params = [p for p in cmd.params if not ((p.name or "").startswith(_REFUSAL) and own & set(p.opts))]
+
+
+__all__ = [
+    "LLAMA_ENV",
+    "UNSUPPORTED",
+    "kv_and_sampling",
+    "load_mode_of",
+    "with_llama_env",
+    "llama_compat",
+    "settle_refusals",
+]

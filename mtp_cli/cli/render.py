@@ -226,15 +226,37 @@ def inspect_report(rep: InspectReport) -> None:
         out.print(ht)
 
 
+class _BudgetBar(BarColumn):
+    """A bar that also moves with the clock: a stage ends at its work's end or its time budget
+    (task field `budget_s`), whichever comes first."""
+
+    def render(self, task: Any) -> Any:
+        bar = super().render(task)
+        budget = task.fields.get("budget_s")
+        if task.total and budget and budget < float("inf") and task.stop_time is None and task.elapsed:
+            bar.completed = max(bar.completed, min(1.0, task.elapsed / budget) * task.total)
+        return bar
+
+
+def _collect_info(p: Any) -> str:
+    rates = [
+        f"trunk {p.tokens_per_s:.0f} tok/s" if p.tokens_per_s else "",
+        f"answers {p.gen_tokens_per_s:.0f} tok/s" if p.gen_tokens_per_s else "",
+    ]
+    earlier = f" ({p.before} from earlier runs)" if p.before else ""
+    return ", ".join([f"{p.done}/{p.total} sources{earlier}", f"{p.rows} rows", *[r for r in rates if r]])
+
+
 @contextmanager
 def train_progress() -> Iterator[tuple[Callable[[str], None], Callable[[Any], None], Callable[[Any], None]]]:
-    """(on_stage, on_collect, on_train) callbacks drawing the collection and training bars."""
+    """(on_stage, on_collect, on_train) callbacks drawing the collection, training and export bars; each
+    stage's bar is completed and its clock stopped when the next stage starts."""
     from rich.progress import TimeElapsedColumn
 
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     with Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        _BudgetBar(),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
         console=err,
@@ -242,19 +264,22 @@ def train_progress() -> Iterator[tuple[Callable[[str], None], Callable[[Any], No
     ) as bar:
         tasks: dict[str, Any] = {}
 
+        def finish() -> None:
+            for t in tasks.values():
+                if bar.tasks[t].stop_time is None:
+                    bar.update(t, completed=bar.tasks[t].total or 1, total=bar.tasks[t].total or 1)
+                    bar.stop_task(t)
+
         def on_stage(s: str) -> None:
+            finish()
             if s == "export":
-                err.print(f"[bold]{s}[/]")
+                tasks["export"] = bar.add_task("exporting", total=None, info="")
 
         def on_collect(p: Any) -> None:
+            left = p.total - p.before
             if "collect" not in tasks:
-                tasks["collect"] = bar.add_task("collecting", total=p.total, info="")
-            bar.update(
-                tasks["collect"],
-                completed=p.done,
-                total=p.total,
-                info=f"{p.rows} rows, trunk {p.tokens_per_s:.0f} tok/s, answers {p.gen_tokens_per_s:.0f} tok/s",
-            )
+                tasks["collect"] = bar.add_task("collecting", total=max(1, left), info="", budget_s=p.budget_s)
+            bar.update(tasks["collect"], completed=p.done - p.before if left else 1, info=_collect_info(p))
 
         def on_train(p: Any) -> None:
             if "train" not in tasks:
@@ -268,7 +293,12 @@ def train_progress() -> Iterator[tuple[Callable[[str], None], Callable[[Any], No
                 f" (step 2 {pct(p.heldout_top1_step2)}), {p.steps_per_s:.2f} steps/s",
             )
 
-        yield on_stage, on_collect, on_train
+        try:
+            yield on_stage, on_collect, on_train
+            finish()
+        finally:
+            for t in tasks.values():
+                bar.stop_task(t)
 
 
 def train_summary(res: Any, sidecar: bool) -> None:

@@ -13,11 +13,12 @@ from rich.progress import BarColumn, Progress, TextColumn
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
+from mtp_cli.cli.demo_model import demo_file
 from mtp_cli.cli.llama_flags import llama_compat
 
 
 @main.command()
-@opt.model(help="Target GGUF (with an MTP head).")
+@opt.model(required=False, help="Target GGUF (with an MTP head) [default: the demo model].")
 @opt.draft_model()
 @opt.prompts
 @click.option("--budget", type=float, default=60.0, show_default=True, help="Seconds to spend measuring.")
@@ -27,11 +28,14 @@ from mtp_cli.cli.llama_flags import llama_compat
 @click.option("--no-save", is_flag=True, help="Measure and report only; do not save the profile.")
 @opt.as_json
 @llama_compat
-def tune(model: Path, draft_model: Path | None, prompts: Path | None, no_save: bool, as_json: bool, **kw: Any) -> None:
+def tune(
+    model: Path | None, draft_model: Path | None, prompts: Path | None, no_save: bool, as_json: bool, **kw: Any
+) -> None:
     """Find the fastest draft setting for MODEL on this machine (possibly: off) and save it as the
     profile `--spec-draft-n-max auto` uses. Also shows the machine's cost model: why MTP pays here, or not."""
     from mtp_cli.speed.tune import tune as run_tune
 
+    model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
     with Live(console=render.err, refresh_per_second=8, transient=True) as live:
         res = run_tune(
@@ -67,7 +71,7 @@ def tune(model: Path, draft_model: Path | None, prompts: Path | None, no_save: b
 
 
 @main.command()
-@opt.model()
+@opt.model(required=False, help="Target GGUF [default: the demo model].")
 @opt.draft_model()
 @opt.prompts
 @click.option(
@@ -90,10 +94,11 @@ def tune(model: Path, draft_model: Path | None, prompts: Path | None, no_save: b
 @opt.gpu_layers
 @opt.as_json
 @llama_compat
-def bench(model: Path, draft_model: Path | None, prompts: Path | None, as_json: bool, **kw: Any) -> None:
+def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as_json: bool, **kw: Any) -> None:
     """none, ngram, mtp at N = 1..4, auto and adaptive side by side: same prompts, greedy, medians of repeats."""
     from mtp_cli.speed.bench import bench as run_bench
 
+    model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), TextColumn("{task.description}"), console=render.err, transient=True

@@ -68,6 +68,7 @@ class ContextPlan:
     n_ctx: int
     n_batch: int
     n_threads: Optional[int]
+    kv: Optional[lx.KvOptions] = None  # the target's KV cache settings, for a drafter's own context
 
 
 class Drafter:

@@ -39,10 +39,11 @@ class ModelDrafter(Drafter):
         n_threads: Optional[int],
         n_vocab_target: int,
         p_min: float = 0.0,
+        kv: Optional[lx.KvOptions] = None,
     ):
         super().__init__()
         self.model = model
-        self.ctx = lx.create_context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.ctx = lx.create_context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv=kv)
         self.n_vocab = lx.n_vocab(model)
         self.n_vocab_target = int(n_vocab_target)
         self.recurrent = lx.model_has_recurrent_state(model)
@@ -74,6 +75,7 @@ class ModelDrafter(Drafter):
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
             n_threads=plan.n_threads,
+            kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
         )
 

@@ -54,6 +54,7 @@ class MtpDrafter(Drafter):
         n_threads: Optional[int],
         n_vocab_target: int,
         p_min: float = 0.0,
+        kv: Optional[lx.KvOptions] = None,
     ):
         super().__init__()
         self.tgt = target_ctx
@@ -62,6 +63,7 @@ class MtpDrafter(Drafter):
             n_ctx=n_ctx,
             n_batch=n_batch,
             n_threads=n_threads,
+            kv=kv,
             ctx_type=lx.CTX_TYPE_MTP,
             ctx_other=target_ctx,
             n_rs_seq=0,
@@ -127,6 +129,7 @@ class MtpDrafter(Drafter):
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
             n_threads=plan.n_threads,
+            kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
         )
 

@@ -78,11 +78,12 @@ def quiet_logs(quiet: bool = True) -> None:
 
 
 def load_model(
-    file: str | os.PathLike[str] | GGUFFile, *, load_mtp: bool = False, n_gpu_layers: int = 0, use_mmap: bool = True
+    file: str | os.PathLike[str] | GGUFFile, *, load_mtp: bool = False, n_gpu_layers: int = 0, load_mode: str = "auto"
 ) -> ModelPtr:
     """Load a GGUF (a path, or the GGUFFile the caller already opened: its header is not read again).
     `load_mtp=True` also loads the MTP head blocks (needed for an MTP context, and for an MTP-only
-    sidecar, whose heads are all it has). Raises LlamaError on failure, BadFileError on a bad file."""
+    sidecar, whose heads are all it has). `load_mode`: llama.cpp's -lm (config.LOAD_MODES). Raises
+    LlamaError on failure, BadFileError on a bad file."""
     init_backend()
     gf = file if isinstance(file, GGUFFile) else _opened(Path(file))
     p = gf.path
@@ -92,8 +93,7 @@ def load_model(
     params = _C.llama_model_default_params()
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else int(n_gpu_layers)
     params.load_mtp = bool(load_mtp)
-    if not use_mmap:
-        params.load_mode = _C.LLAMA_LOAD_MODE_NONE
+    params.load_mode = int(getattr(_C, "LLAMA_LOAD_MODE_" + load_mode.upper().replace("+", "_")))  # config.LOAD_MODES
     model = _C.llama_model_load_from_file(str(p).encode("utf-8"), params)
     if not model:
         raise LlamaError(f"{p}: llama.cpp failed to load the model")
@@ -127,7 +127,7 @@ def create_context(
     n_seq_max: int = 1,
     n_outputs_max: int = 0,
     embeddings: bool = False,
-    flash_attn: Optional[bool] = None,
+    kv: Optional[KvOptions] = None,
 ) -> ContextPtr:
     """Create a context. For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
     ctx_other=<target context> (llama.cpp keeps ctx_other only for archs that share the
@@ -155,8 +155,8 @@ def create_context(
     params.n_threads_batch = int(n_threads_batch if n_threads_batch is not None else threads)
     params.ctx_type = int(ctx_type)
     params.embeddings = bool(embeddings)
-    if flash_attn is not None:  # (None: llama.cpp's auto)
-        params.flash_attn_type = _C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else _C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if kv is not None:
+        _set_kv(params, kv)
     if _HAS_N_RS_SEQ:
         params.n_rs_seq = int(n_rs_seq)
     elif n_rs_seq:
@@ -173,6 +173,28 @@ def create_context(
             + (" (model has no MTP layers, or was loaded without load_mtp)" if kind == "MTP" else "")
         )
     return ctx
+
+
+@dataclass(frozen=True)
+class KvOptions:
+    """The attention, KV cache and micro-batch settings every context of one generation shares
+    (llama.cpp's -fa, -ctk, -ctv, -ub); None: llama.cpp's default (auto, f16 cells, n_ubatch = n_batch)."""
+
+    type_k: Optional[str] = None  # a name of config.KV_CACHE_TYPES
+    type_v: Optional[str] = None
+    n_ubatch: Optional[int] = None
+    flash_attn: Optional[bool] = None  # on / off; None: llama.cpp's auto
+
+
+def _set_kv(params: Any, kv: KvOptions) -> None:
+    for field_, name in (("type_k", kv.type_k), ("type_v", kv.type_v)):
+        if name is not None:
+            setattr(params, field_, int(getattr(_C, "GGML_TYPE_" + name.upper())))
+    if kv.n_ubatch:
+        params.n_ubatch = min(int(kv.n_ubatch), params.n_batch)
+    if kv.flash_attn is not None:
+        on = kv.flash_attn
+        params.flash_attn_type = _C.LLAMA_FLASH_ATTN_TYPE_ENABLED if on else _C.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
 def free_context(ctx: ContextPtr) -> None:

@@ -7,6 +7,7 @@ answerer per thread, run by run_answerers). Every decoded row yields its h row a
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +32,14 @@ class CollectProgress:
     rows: int  # rows stored
     tokens_per_s: float  # teacher-forced rows per second of trunk decoding (this run)
     gen_tokens_per_s: float  # generated answer tokens per second (this run)
+    before: int = 0  # sources an earlier run had stored already (skipped by this one)
+    budget_s: float = math.inf  # seconds this run may collect (from its `deadline`)
+
+    @property
+    def fraction(self) -> float:
+        """This run's share of the sources left to it, 0..1 (it may stop earlier, at its deadline)."""
+        left = self.total - self.before
+        return (self.done - self.before) / left if left > 0 else 1.0
 
 
 class TrunkTeacher:
@@ -87,19 +96,29 @@ def collect(
     cfg: CollectConfig = CollectConfig(),
     progress: Callable[[CollectProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    deadline: float | None = None,
 ) -> Store:
     """Teacher-forced passes over `texts` (documents), then the trunk's greedy answers to `prompts`
-    (BatchedAnswerer: one per thread, n_seq prompts each), every row stored in the store at `root`.
-    Sources already in the store are skipped (resume); a stop drops only unfinished answers. Returns
-    the store."""
+    (BatchedAnswerer: one per thread, n_seq prompts each), every row stored in the store at `root`,
+    until `deadline` (time.monotonic()) if one is given. Sources already in the store are skipped
+    (resume); a stop drops only unfinished answers. Returns the store."""
+    t0 = time.monotonic()
+    budget = deadline - t0 if deadline is not None else math.inf
+
+    def stop() -> bool:
+        return (deadline is not None and time.monotonic() >= deadline) or bool(should_stop and should_stop())
+
     with Runtime(model_path, spec_type="none") as rt:
         store = Store.create(
             root, n_embd=lx.n_embd_out(rt.model), top_k=cfg.top_k, n_vocab=lx.n_vocab(rt.model), model=str(model_path)
         )
-        run = _Collection(rt, store, cfg, progress, should_stop)
+        run = _Collection(rt, store, cfg, progress, stop)
         try:
             windows = list(text_windows(rt.model, texts, cfg.max_len))
-            run.total = len(windows) + len(prompts)
+            keys = set([k for k, _ in windows] + [source_key("prompt", p) for p in prompts])  # (repeats done once)
+            run.total, run.budget_s = len(keys), budget
+            run.before = run.done = sum(map(store.done, keys))
+            run.report("text" if windows else "prompt")  # (the bar shows before the first source is done)
             if run.texts(windows):
                 run.answers(prompts)
         finally:
@@ -122,7 +141,8 @@ class _Collection:
         self.rt, self.store, self.cfg, self.progress, self.should_stop = rt, store, cfg, progress, should_stop
         self.teacher: TrunkTeacher | None = None
         self.answerers: list[BatchedAnswerer] = []
-        self.done = self.total = 0
+        self.done = self.total = self.before = 0
+        self.budget_s = math.inf
         gf: GGUFFile = rt.file
         self.chat = cfg.chat if cfg.chat is not None else isinstance(gf.get("tokenizer.chat_template"), str)
 
@@ -135,8 +155,9 @@ class _Collection:
             n_gen = sum(a.n_gen for a in self.answerers)
             t = self.teacher
             tf = t.n / t.t if t is not None and t.t else 0.0
+            gen = n_gen / t_gen if t_gen else 0.0
             self.progress(
-                CollectProgress(kind, self.done, self.total, self.store.n_rows, tf, n_gen / t_gen if t_gen else 0.0)
+                CollectProgress(kind, self.done, self.total, self.store.n_rows, tf, gen, self.before, self.budget_s)
             )
 
     def texts(self, windows: Sequence[tuple[str, list[int]]]) -> bool:
@@ -152,8 +173,8 @@ class _Collection:
                     )
                 h, ids, lps = self.teacher.run(toks)
                 self.store.append(key, "text", self.split(key), np.asarray(toks), h, ids, lps)
-            self.done += 1
-            self.report("text")
+                self.done += 1
+                self.report("text")
         return True
 
     def _jobs(self, prompts: Sequence[str]) -> Iterable[tuple[str, list[int], int]]:
@@ -162,7 +183,6 @@ class _Collection:
         for p in prompts:
             key = source_key("prompt", p)
             if self.store.done(key) or key in seen:  # (a repeated prompt is answered once)
-                self.done += 1
                 continue
             seen.add(key)
             text = p

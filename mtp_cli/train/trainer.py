@@ -27,7 +27,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from mtp_cli.train.batches import LOSSES, Batcher, feature_loss
 from mtp_cli.train.batches import loss as loss_fn
 from mtp_cli.train.data import Store
 from mtp_cli.train.head import MtpHead
+from mtp_cli.train.progress import RunClock, TrainProgress, TrainResult
 
 
 @dataclass(frozen=True)
@@ -66,32 +67,6 @@ class TrainConfig:
     # predictions + as many random ones (sampled softmax: the vocabulary matmul is most of a step); 0: full
 
 
-@dataclass
-class TrainProgress:
-    step: int
-    elapsed_s: float  # this run
-    loss: float  # running mean of the last steps
-    heldout_top1: float | None  # held-out draft-step-1 top-1 agreement with the trunk (last evaluation)
-    heldout_top1_step2: float | None  # held-out step 2, where step 1's token is the trunk's
-    steps_per_s: float
-    rows_per_s: float
-    budget_s: float
-    final: bool = False
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    seconds: float
-    steps_per_s: float
-    rows_per_s: float
-    initial: tuple[float, float]  # held-out (step 1, step 2) top-1 before this run's first step
-    final: tuple[float, float]
-    history: list[dict] = field(default_factory=list)
-    fit: tuple[float, float] | None = None  # the same on training rows: far above `final`, more data beats more steps
-    heldout_rows: int = 0  # rows `initial` and `final` were measured on (0: nothing held out, nothing measured)
-
-
 def _leading(seqs: list[dict], rows: int) -> list[dict]:
     """The first sequences of `seqs` until `rows` rows are reached."""
     out, n = [], 0
@@ -101,35 +76,6 @@ def _leading(seqs: list[dict], rows: int) -> list[dict]:
         out.append(s)
         n += s["len"]
     return out
-
-
-@dataclass
-class _Run:
-    """One run's clock and counts."""
-
-    t0: float
-    budget: float
-    init: tuple[float, float]  # held-out top-1 (step 1, step 2) at the start
-    last: tuple[float, float] = (0.0, 0.0)
-    losses: list[float] = field(default_factory=list)
-    steps: int = 0
-    rows: int = 0
-    t_train: float = 0.0  # seconds inside optimiser steps
-
-    def __post_init__(self) -> None:
-        self.last = self.init
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def per_s(self, n: int) -> float:
-        return n / self.t_train if self.t_train else 0.0
-
-    def add(self, loss: float, rows: int, secs: float) -> None:
-        self.losses.append(loss)
-        self.steps += 1
-        self.rows += rows
-        self.t_train += secs
 
 
 class Trainer:
@@ -158,6 +104,7 @@ class Trainer:
         self._lut: torch.Tensor | None = None
         self.step = 0
         self.elapsed_total = 0.0  # over every run of this checkpoint
+        self.t_save = 0.0  # seconds the last checkpoint took
         self.history: list[dict] = []
         self.ckpt = Path(checkpoint) if checkpoint else None
         if self.ckpt is not None and self.ckpt.exists():
@@ -286,8 +233,9 @@ class Trainer:
         torch.set_num_threads(max(1, cfg.n_threads))
         budget = cfg.minutes * 60.0 if cfg.minutes > 0 else math.inf
         total_budget = self.elapsed_total + budget if math.isfinite(budget) else 0.0  # 0: no decay
+        t0 = time.perf_counter()  # (the budget covers the run's evaluations and checkpoint too)
         init = self.evaluate() if self.heldout else (0.0, 0.0)
-        r = _Run(time.perf_counter(), budget, init)
+        r = RunClock(t0, budget, init, reserve=self._end_cost(time.perf_counter() - t0))
         self._record(r, loss=False)
         self.head.train()
 
@@ -319,7 +267,7 @@ class Trainer:
 
     def _steps(
         self,
-        r: _Run,
+        r: RunClock,
         budget: float,
         total_budget: float,
         report: Callable[..., None],
@@ -327,7 +275,7 @@ class Trainer:
     ) -> None:
         cfg = self.cfg
         t_eval = t_ckpt = time.perf_counter()
-        while not (cfg.max_steps is not None and r.steps >= cfg.max_steps) and r.elapsed() < budget:
+        while not (cfg.max_steps is not None and r.steps >= cfg.max_steps) and r.left(self.t_save) > 0:
             if should_stop and should_stop():
                 break
             ts = time.perf_counter()
@@ -345,7 +293,13 @@ class Trainer:
                 t_ckpt = time.perf_counter()
             report()
 
-    def _end(self, r: _Run, report: Callable[..., None]) -> TrainResult:
+    def _end_cost(self, t_eval: float) -> float:
+        """Seconds the run's end evaluations take, from the first's: held-out again, then the fit probe."""
+        n_held = sum(s["len"] for s in self.heldout)
+        probe = sum(s["len"] for s in self.fit_probe) / n_held if n_held else 0.0
+        return t_eval * (1.0 + probe)
+
+    def _end(self, r: RunClock, report: Callable[..., None]) -> TrainResult:
         """The run's last evaluation, record and checkpoint; its result."""
         if self.heldout:
             r.last = self.evaluate()
@@ -361,7 +315,7 @@ class Trainer:
             r.steps, secs, r.per_s(r.steps), r.per_s(r.rows), r.init, r.last, list(self.history), fit, n_heldout
         )
 
-    def _record(self, r: _Run, loss: bool = True) -> None:
+    def _record(self, r: RunClock, loss: bool = True) -> None:
         entry: dict[str, Any] = {
             "step": self.step,
             "elapsed_total": self.elapsed_total + (r.elapsed() if loss else 0.0),
@@ -387,12 +341,13 @@ class Trainer:
         return loss.item(), rows
 
     def _save_at(self, secs: float) -> None:
-        before = self.elapsed_total
+        before, t0 = self.elapsed_total, time.perf_counter()
         self.elapsed_total = before + secs
         try:
             self.save()
         finally:
             self.elapsed_total = before
+            self.t_save = time.perf_counter() - t0  # (the last one: the end's checkpoint is reserved for)
 
 
 __all__ = ["TrainConfig", "TrainProgress", "TrainResult", "Trainer", "Batcher", "LOSSES"]
