@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# llama-cpp-python builds llama.cpp from source the first time (about 6 minutes on 2 cores)
-	$(BIN)/python -m pip install -q -e '.[dev,train]'
+	$(BIN)/python -m pip install -q -e '.[dev,train,serve]'
 	touch $@
 
 setup: $(BIN)/.installed

@@ -33,6 +33,18 @@ def chat_prompt(gf: GGUFFile, user: str, bos: str, eos: str, system: str | None 
     return render(gf, [*messages, {"role": "user", "content": user}], bos, eos)
 
 
+def continuation(gf: GGUFFile, answered: list[Any], new: list[Any], bos: str, eos: str) -> str:
+    """The template's text from the end of `answered`'s last message (the assistant's answer, as it
+    was generated) through `new` messages, ending where the next answer begins: what a conversation
+    held as tokens adds for its next turn."""
+    last = answered[-1]
+    marked = [*answered[:-1], {**last, "content": last["content"] + _MARK}, *new]
+    text = render(gf, marked, bos, eos)
+    if _MARK not in text:
+        raise ChatTemplateError(f"{gf.path}: the chat template drops the assistant's answers; use --chat")
+    return text.split(_MARK, 1)[1]
+
+
 Tokenize = Callable[[str, bool], list[int]]  # (text, add_special) -> tokens, special tokens parsed
 
 
@@ -52,13 +64,10 @@ class Conversation:
             self.messages.append({"role": "user", "content": user})
             self.tokens = self.tokenize(render(self.gf, self.messages, self.bos, self.eos), True)
             return list(self.tokens)
-        last = self.messages[-1]
-        marked = [*self.messages[:-1], {**last, "content": last["content"] + _MARK}, {"role": "user", "content": user}]
-        text = render(self.gf, marked, self.bos, self.eos)
-        if _MARK not in text:
-            raise ChatTemplateError(f"{self.gf.path}: the chat template drops the assistant's answers; use --chat")
-        self.messages.append({"role": "user", "content": user})
-        self.tokens += self.tokenize(text.split(_MARK, 1)[1], False)
+        turn = {"role": "user", "content": user}
+        text = continuation(self.gf, self.messages, [turn], self.bos, self.eos)
+        self.messages.append(turn)
+        self.tokens += self.tokenize(text, False)
         return list(self.tokens)
 
     def answered(self, text: str, tokens: list[int]) -> None:

@@ -63,7 +63,11 @@ class DemoError(MtpError):
     """The demo model cannot be built here (its source is not installed, or the cache is unusable)."""
 
 
-class MissingTorchError(MtpError):
+class MissingExtraError(MtpError):
+    """An optional extra a command needs is not installed (the message names the pip install)."""
+
+
+class MissingTorchError(MissingExtraError):
     """torch is not installed (the `train` extra)."""
 
 
@@ -83,6 +87,7 @@ __all__ = [
     "TuneError",
     "MeasureError",
     "DemoError",
+    "MissingExtraError",
     "MissingTorchError",
     "TrainDataError",
 ]

@@ -6,13 +6,14 @@
     generate.py   generate
     files.py      inspect, pack, strip, extract, adopt
     speed.py      tune, bench
+    serve.py      serve (the OpenAI-compatible server)
     train.py      train
 
 Command modules import the library's llama.cpp-bound parts inside the commands, so `mtp-cli
 --help` and the GGUF commands never load llama.cpp.
 """
 
-from mtp_cli.cli import files, generate, speed, train  # noqa: F401  (each registers its commands)
+from mtp_cli.cli import files, generate, serve, speed, train  # noqa: F401  (each registers its commands)
 from mtp_cli.cli.app import main
 
 __all__ = ["main"]

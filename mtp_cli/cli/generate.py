@@ -4,67 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-from click.core import ParameterSource
 
-from gguf_tools.errors import spelled
+from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
-from mtp_cli.cli.app import MtpCommand, UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_mode_of
-from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
-
-if TYPE_CHECKING:
-    from mtp_cli.speed.auto import DraftN
-
-
-class SpecTypeParam(click.ParamType):
-    """--spec-type: a spec type of the drafter registry (read when parsing, so help stays light)."""
-
-    name = "spec type"
-
-    def _names(self) -> list[str]:
-        from mtp_cli import drafters
-
-        return drafters.names()
-
-    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
-        return "[" + "|".join(self._names()) + "]"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        v = str(value).strip().lower()
-        if v not in self._names():
-            self.fail(f"{value!r} is not one of {', '.join(self._names())}", param, ctx)
-        return v
-
-
-class DraftNParam(click.ParamType):
-    """--spec-draft-n-max: a number, "auto" (the tuned profile) or "adaptive" (checked by the
-    library: speed.auto.parse_draft_n, whose refusal names the flag in one line)."""
-
-    name = "N|auto|adaptive"
-
-
-class SpecTypeOption(click.Option):
-    """--spec-type, whose help lists the registry's drafters (built when help is shown)."""
-
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        from mtp_cli import drafters
-
-        cmd = ctx.command
-        spell = cmd.flag_of if isinstance(cmd, MtpCommand) else (lambda name: name)
-        kinds = "; ".join(
-            f"{c.name}{' (' + ', '.join(c.aliases) + ')' if c.aliases else ''}: {spelled(c.summary, spell)}"
-            for c in drafters.REGISTRY.values()
-        )
-        self.help = f"Drafter. {kinds}. [default: none; mtp with --spec-draft-n-max auto/adaptive]"
-        return super().get_help_record(ctx)
+from mtp_cli.cli.app import UserError, main
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
 
 
 @main.command()
@@ -79,53 +29,15 @@ class SpecTypeOption(click.Option):
 @click.option(
     "-n", "--n-predict", "n_predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text)."
 )
-@click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context size (0: the model's).")
-@click.option(
-    "-b",
-    "--batch-size",
-    "n_batch",
-    type=click.IntRange(min=1),
-    default=512,
-    show_default=True,
-    help="Prompt chunk size.",
-)
-@click.option(
-    "-fa",
-    "--flash-attn",
-    "flash_attn",
-    type=click.Choice(["on", "off", "auto"]),
-    default="auto",
-    show_default=True,
-    callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
-    help="Flash attention.",
-)
+@go.context
 @opt.threads
 @opt.gpu_layers
 @opt.seed
-@click.option("--temp", default=0.8, show_default=True, help="Temperature (0: greedy).")
-@click.option("--top-k", "top_k", default=40, show_default=True)
-@click.option("--top-p", "top_p", default=0.95, show_default=True)
-@click.option("--min-p", "min_p", default=0.05, show_default=True)
+@go.sampling
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("-sys", "--system-prompt", "system", help="A system message for the chat template (with --chat).")
 @opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
-@click.option("--spec-type", "spec_type", cls=SpecTypeOption, type=SpecTypeParam(), default=None)
-@click.option(
-    "--spec-draft-n-max",
-    "draft_n_max",
-    type=DraftNParam(),
-    default=3,
-    show_default=True,
-    help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
-    "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
-    "and costs.",
-)
-@click.option(
-    "--spec-draft-n-min", "draft_n_min", default=0, show_default=True, help="Drafts shorter than this are not verified."
-)
-@click.option(
-    "--spec-draft-p-min", "draft_p_min", default=0.0, show_default=True, help="Stop drafting below this probability."
-)
+@go.drafting
 @click.option("--show-draft", is_flag=True, help="Colour the tokens that came from accepted drafts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the text and statistics as one JSON object.")
 @click.option(
@@ -161,7 +73,7 @@ def generate(
     text = _read_prompt(prompt, prompt_file)
     if system is not None and not chat:
         raise click.UsageError("-sys is a system message for the chat template: add --chat")
-    base, draft_n = _config(opts)
+    base, draft_n = go.gen_config(opts)
     with Runtime.load(model, base) as rt:
         res = AutoDraft(rt).resolve(base, draft_n)
         if chat:
@@ -220,21 +132,6 @@ def _stream(gen: Any, as_json: bool, show_draft: bool) -> list[str]:
     return pieces
 
 
-def _config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
-    """The generation settings from the options (a random seed drawn, to be reported), and the
-    draft length as given (auto/adaptive are resolved against the loaded model)."""
-    from mtp_cli.speed.auto import parse_draft_n
-
-    if opts["seed"] == -1 and opts["temp"] > 0:
-        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
-    load_mode_of(opts)
-    draft_n = parse_draft_n(opts["draft_n_max"])
-    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
-    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
-    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved later)
-    return GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}), draft_n
-
-
 def _terminal() -> bool:
     return sys.stdout.isatty()
 
@@ -263,7 +160,7 @@ def _conversation(
         model, _, prompt = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
     first = _read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
     sys_text = _text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None
-    base, draft_n = _config(opts)
+    base, draft_n = go.gen_config(opts)
     if opts["temp"] > 0:
         render.note(f"seed: {opts['seed']}")
     with Runtime.load(model, base) as rt:
@@ -280,15 +177,8 @@ def _demo_defaults(
     from mtp_cli.cli.demo_model import demo_file
     from mtp_cli.demo import DEMO_PROMPT
 
-    ctx = click.get_current_context()
-    given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
     path = demo_file()
-    if not given("spec_type"):
-        opts["spec_type"] = "mtp"
-    if not given("draft_n_max") and opts["spec_type"] == "mtp":
-        opts["draft_n_max"] = "auto"
-    if not given("temp"):
-        opts["temp"] = 0.0
+    go.demo_settings(opts)
     if prompt is None and prompt_file is None and default_prompt:
         prompt = DEMO_PROMPT
         render.note(f"prompt: {prompt}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from mtp_cli.cli.options import stack
 from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
@@ -57,17 +58,8 @@ UNSUPPORTED = (
 _REFUSAL = "unsupported_"
 
 
-def _stack(*decorators: Any) -> Any:
-    def apply(f: Any) -> Any:
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-
-    return apply
-
-
 # llama.cpp's KV cache, loading and sampling flags, as its common/arg.cpp spells them (generate)
-kv_and_sampling = _stack(
+kv_and_sampling = stack(
     click.option(
         "-ub",
         "--ubatch-size",

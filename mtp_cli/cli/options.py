@@ -14,7 +14,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 PATH = click.Path(path_type=Path)
 
 
-def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+def stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     def apply(f: F) -> F:
         for d in reversed(decorators):
             f = d(f)
@@ -46,7 +46,7 @@ prompts = click.option("--prompts", type=PATH, help="Prompts, one per line [defa
 as_json = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 seed = click.option("-s", "--seed", default=-1, show_default=True, help="Sampling seed (-1: random).")
 
-output = _stack(
+output = stack(
     click.option(
         "-o",
         "--output",
@@ -74,6 +74,7 @@ __all__ = [
     "as_json",
     "seed",
     "output",
+    "stack",
     "PATH",
     "read_prompt_texts",
 ]

@@ -1,0 +1,151 @@
+"""The generation options generate and serve share (the context, the sampler, the drafter), and
+how they become a GenConfig and a draft length."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import click
+from click.core import ParameterSource
+
+from gguf_tools.errors import spelled
+from mtp_cli.cli.app import MtpCommand
+from mtp_cli.cli.llama_flags import load_mode_of
+from mtp_cli.cli.options import stack
+from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
+
+if TYPE_CHECKING:
+    from mtp_cli.speed.auto import DraftN
+
+
+class SpecTypeParam(click.ParamType):
+    """--spec-type: a spec type of the drafter registry (read when parsing, so help stays light)."""
+
+    name = "spec type"
+
+    def _names(self) -> list[str]:
+        from mtp_cli import drafters
+
+        return drafters.names()
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(self._names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        v = str(value).strip().lower()
+        if v not in self._names():
+            self.fail(f"{value!r} is not one of {', '.join(self._names())}", param, ctx)
+        return v
+
+
+class DraftNParam(click.ParamType):
+    """--spec-draft-n-max: a number, "auto" (the tuned profile) or "adaptive" (checked by the
+    library: speed.auto.parse_draft_n, whose refusal names the flag in one line)."""
+
+    name = "N|auto|adaptive"
+
+
+class SpecTypeOption(click.Option):
+    """--spec-type, whose help lists the registry's drafters (built when help is shown)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from mtp_cli import drafters
+
+        cmd = ctx.command
+        spell = cmd.flag_of if isinstance(cmd, MtpCommand) else (lambda name: name)
+        kinds = "; ".join(
+            f"{c.name}{' (' + ', '.join(c.aliases) + ')' if c.aliases else ''}: {spelled(c.summary, spell)}"
+            for c in drafters.REGISTRY.values()
+        )
+        self.help = f"Drafter. {kinds}. [default: none; mtp with --spec-draft-n-max auto/adaptive]"
+        return super().get_help_record(ctx)
+
+
+context = stack(
+    click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context size (0: the model's)."),
+    click.option(
+        "-b",
+        "--batch-size",
+        "n_batch",
+        type=click.IntRange(min=1),
+        default=512,
+        show_default=True,
+        help="Prompt chunk size.",
+    ),
+    click.option(
+        "-fa",
+        "--flash-attn",
+        "flash_attn",
+        type=click.Choice(["on", "off", "auto"]),
+        default="auto",
+        show_default=True,
+        callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
+        help="Flash attention.",
+    ),
+)
+sampling = stack(
+    click.option("--temp", default=0.8, show_default=True, help="Temperature (0: greedy)."),
+    click.option("--top-k", "top_k", default=40, show_default=True),
+    click.option("--top-p", "top_p", default=0.95, show_default=True),
+    click.option("--min-p", "min_p", default=0.05, show_default=True),
+)
+drafting = stack(
+    click.option("--spec-type", "spec_type", cls=SpecTypeOption, type=SpecTypeParam(), default=None),
+    click.option(
+        "--spec-draft-n-max",
+        "draft_n_max",
+        type=DraftNParam(),
+        default=3,
+        show_default=True,
+        help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
+        "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
+        "and costs.",
+    ),
+    click.option(
+        "--spec-draft-n-min",
+        "draft_n_min",
+        default=0,
+        show_default=True,
+        help="Drafts shorter than this are not verified.",
+    ),
+    click.option(
+        "--spec-draft-p-min",
+        "draft_p_min",
+        default=0.0,
+        show_default=True,
+        help="Stop drafting below this probability.",
+    ),
+)
+
+
+def gen_config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
+    """The generation settings from the options (a random seed drawn, to be reported), and the
+    draft length as given (auto/adaptive are resolved against the loaded model)."""
+    from mtp_cli.speed.auto import parse_draft_n
+
+    if opts["seed"] == -1 and opts["temp"] > 0:
+        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
+    load_mode_of(opts)
+    draft_n = parse_draft_n(opts["draft_n_max"])
+    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
+    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
+    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved later)
+    return GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}), draft_n
+
+
+def demo_settings(opts: dict[str, Any]) -> None:
+    """The demo model's defaults for the options not given on the command line (nor by LLAMA_ARG_*):
+    MTP with the tuned or adaptive N, greedy."""
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
+    if not given("spec_type"):
+        opts["spec_type"] = "mtp"
+    if not given("draft_n_max") and opts["spec_type"] == "mtp":
+        opts["draft_n_max"] = "auto"
+    if not given("temp"):
+        opts["temp"] = 0.0
+
+
+__all__ = ["context", "sampling", "drafting", "gen_config", "demo_settings", "SpecTypeParam", "DraftNParam"]

@@ -1,0 +1,114 @@
+"""`mtp-cli serve`: the OpenAI-compatible server (the optional `serve` extra: fastapi + uvicorn)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mtp_cli.cli import gen_options as go
+from mtp_cli.cli import options as opt
+from mtp_cli.cli import render
+from mtp_cli.cli.app import UserError, main
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
+
+
+@main.command()
+@opt.model(
+    required=False,
+    help="Target GGUF [default: the demo model, with --spec-type mtp and --spec-draft-n-max auto unless given].",
+)
+@opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="LLAMA_ARG_HOST", show_envvar=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, envvar="LLAMA_ARG_PORT")
+@click.option(
+    "--api-key",
+    "api_key",
+    envvar="LLAMA_API_KEY",
+    show_envvar=True,
+    help="Require `Authorization: Bearer KEY` on every endpoint but /health.",
+)
+@click.option(
+    "-a",
+    "--alias",
+    envvar="LLAMA_ARG_ALIAS",
+    show_envvar=True,
+    help="The model's name in the API [default: the file's name].",
+)
+@click.option(
+    "-n",
+    "--n-predict",
+    "n_predict",
+    default=-1,
+    show_default=True,
+    help="Tokens per request without max_tokens (-1: until end of text or a full context).",
+)
+@go.context
+@opt.threads
+@opt.gpu_layers
+@go.sampling
+@go.drafting
+@kv_and_sampling
+@llama_compat
+def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: str | None, **opts: Any) -> None:
+    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health),
+    drafting with its MTP head; each response carries `usage` and an `mtp` object (drafted,
+    accepted, acceptance by position, tokens per pass, the N used). Needs: pip install 'mtp-cli[serve]'."""
+    from mtp_cli.serve import require_serve
+
+    _, uvicorn = require_serve()
+    from mtp_cli.serve.api import create_app
+    from mtp_cli.serve.engine import Engine
+
+    sock = _listen(host, port)  # (before the model loads: a busy port fails at once)
+    opts["seed"] = -1  # (each sampled request draws its own, and says it)
+    if model is None:
+        from mtp_cli.cli.demo_model import demo_file
+
+        model = demo_file()
+        go.demo_settings(opts)
+    base, draft_n = go.gen_config(opts)
+    engine = Engine.load(model, base, draft_n, alias).start()
+    _request_log()
+    where = f"http://{host}:{sock.getsockname()[1]}/v1"
+    res = engine.startup
+    n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
+    drafting = "no drafting" if res.config.spec_type == "none" else f"{res.config.spec_type} {n}"
+    if engine.startup.note:
+        render.note(f"note: {engine.startup.note}")
+    render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}", highlight=False)
+    config = uvicorn.Config(create_app(engine, api_key), log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()
+
+
+def _request_log() -> None:
+    """One plain line per request on stderr (a log, not a terminal display: no wrapping)."""
+    log = logging.getLogger("mtp_cli.serve")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or one line saying why not."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        return sock
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+__all__ = ["serve"]

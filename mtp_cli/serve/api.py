@@ -1,0 +1,226 @@
+"""The FastAPI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions (also without
+/v1, as llama-server serves them), /health, and OpenAI-style JSON errors for everything refused.
+
+Each completion is a Job on the engine's queue; its events come back through an asyncio queue. The
+HTTP status waits for the job to start (a refused prompt is a 400, not a broken stream). A client
+that disconnects (a stream closed, or a plain request abandoned) cancels its job at the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from mtp_cli.errors import MtpError
+from mtp_cli.serve.engine import ContextLengthError, Delta, Done, Engine, Event, Failed, Job, Started, model_info, now
+from mtp_cli.serve.requests import ChatRequest, CompletionRequest, request_name
+
+POLL_S = 0.25  # how often an abandoned plain request is noticed
+
+
+def error(status: int, message: str, *, code: Optional[str] = None, param: Optional[str] = None) -> JSONResponse:
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
+    if status >= 500:
+        kind = "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
+    """One line for pydantic's first complaint, naming the field as the request spelled it."""
+    e = exc.errors()[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    field = ".".join(loc) or None
+    if e.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    if e.get("type") == "extra_forbidden":
+        return f"unsupported parameter `{field}`", field
+    if e.get("type") == "missing":
+        return f"`{field}` is required", field
+    if field is None:
+        return f"the request body must be a JSON object ({e.get('msg')})", None
+    return f"`{field}`: {e.get('msg')}", field
+
+
+def create_app(engine: Engine, api_key: Optional[str] = None) -> FastAPI:
+    app = FastAPI(title="mtp-cli", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        msg, field = _validation_message(exc)
+        return error(400, msg, param=field)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        return error(500, f"internal error: {exc}")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Any:
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return error(401, "invalid or missing API key (Authorization: Bearer KEY)", code="invalid_api_key")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "queued": engine.queued}
+
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_info(engine)]}
+
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        return await _complete(engine, req, request, "chat.completion")
+
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await _complete(engine, req, request, "text_completion")
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+    return app
+
+
+async def _complete(engine: Engine, req: Union[ChatRequest, CompletionRequest], request: Request, obj: str) -> Any:
+    if req.model is not None and req.model not in engine.names:
+        return error(404, f"model {req.model!r} not found: this server serves {engine.alias!r}", code="model_not_found")
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    job = Job(req, lambda ev: _post(loop, events, ev))
+    head = {"id": ("chatcmpl-" if obj == "chat.completion" else "cmpl-") + job.id[4:], "created": now()}
+    head["model"] = engine.alias
+    engine.submit(job)
+    try:
+        first = await _next(events, request, job)
+        if first is None:
+            return error(499, "client closed the request")
+        if isinstance(first, Failed):
+            return _failed(first)
+        assert isinstance(first, Started)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                _sse(events, job, head, obj, first, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        while True:  # (the deltas are not needed: Done has the whole text)
+            ev = await _next(events, request, job)
+            if ev is None:
+                return error(499, "client closed the request")
+            if isinstance(ev, Failed):
+                return _failed(ev)
+            if isinstance(ev, Done):
+                return _whole(head, obj, first, ev)
+    except BaseException:
+        job.cancelled.set()
+        raise
+
+
+def _post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], ev: Event) -> None:
+    """Hand an event from the worker thread to the request's event loop (gone: nothing to tell)."""
+    try:
+        loop.call_soon_threadsafe(events.put_nowait, ev)
+    except RuntimeError:  # (the loop closed: the server is shutting down)
+        pass
+
+
+async def _next(events: asyncio.Queue[Event], request: Request, job: Job) -> Optional[Event]:
+    """The job's next event; None (and the job cancelled) once the client is gone."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return None
+
+
+def _failed(f: Failed) -> JSONResponse:
+    e = f.error
+    if isinstance(e, MtpError):
+        code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
+        return error(f.status, e.spelled(lambda name: f"`{request_name(name)}`"), code=code)
+    return error(f.status, f"internal error: {e}")
+
+
+def _usage(first: Started, done: Done) -> dict[str, Any]:
+    n = done.stats.n_tokens
+    return {
+        "prompt_tokens": first.n_prompt,
+        "completion_tokens": n,
+        "total_tokens": first.n_prompt + n,
+        "prompt_tokens_details": {"cached_tokens": first.n_cached},
+    }
+
+
+def _choice(obj: str, text: Optional[str], finish: Optional[str], *, delta: bool, role: bool = False) -> dict:
+    if obj == "chat.completion":
+        if delta:
+            d: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                d["content"] = text
+            return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+
+def _whole(head: dict[str, Any], obj: str, first: Started, done: Done) -> dict[str, Any]:
+    return {
+        **head,
+        "object": obj,
+        "choices": [_choice(obj, done.text, done.finish_reason, delta=False)],
+        "usage": _usage(first, done),
+        "mtp": done.mtp,
+    }
+
+
+async def _sse(
+    events: asyncio.Queue[Event], job: Job, head: dict[str, Any], obj: str, first: Started, include_usage: bool
+) -> AsyncIterator[str]:
+    """The stream's chunks as OpenAI sends them; the last carries finish_reason, usage and mtp."""
+    kind = obj + ".chunk" if obj == "chat.completion" else obj
+
+    def chunk(choices: list[dict], **extra: Any) -> str:
+        return f"data: {json.dumps({**head, 'object': kind, 'choices': choices, **extra})}\n\n"
+
+    try:
+        if obj == "chat.completion":
+            yield chunk([_choice(obj, "", None, delta=True, role=True)])
+        while True:
+            ev = await events.get()
+            if isinstance(ev, Delta):
+                yield chunk([_choice(obj, ev.text, None, delta=True)])
+            elif isinstance(ev, Done):
+                usage = _usage(first, ev)
+                yield chunk([_choice(obj, None, ev.finish_reason, delta=True)], usage=usage, mtp=ev.mtp)
+                if include_usage:
+                    yield chunk([], usage=usage)
+                break
+            elif isinstance(ev, Failed):
+                body = json.loads(bytes(_failed(ev).body))
+                yield f"data: {json.dumps(body)}\n\n"
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()  # (a client gone mid-stream: the job stops at its next token)
+
+
+__all__ = ["create_app", "error"]

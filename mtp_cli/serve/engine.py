@@ -1,0 +1,327 @@
+"""One model, one worker thread: requests become Jobs in a FIFO, and the worker runs them one decode
+at a time (a llama context is not thread-safe), reporting each as Events through the job's `emit`
+(called from the worker thread: the HTTP layer hands them to its event loop).
+
+A job's events: Started (the prompt checked and its cached share known), then Delta texts, then
+Done; or Failed at any point. A job whose `cancelled` is set stops at its next token.
+
+The KV cache keeps what the last request left (Runtime reuse): a chat request that repeats the last
+conversation, with its answer as it was generated, and adds turns decodes only the added turns (the
+template's text between them, chat.continuation); a completion whose prompt extends the last
+prompt and completion decodes only the extension. Both report it as cached tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Union
+
+from mtp_cli.chat import continuation, render
+from mtp_cli.config import GenConfig
+from mtp_cli.errors import ConfigError, MtpError
+from mtp_cli.runtime import Runtime
+from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
+from mtp_cli.speed.auto import AutoDraft, DraftN, Resolved
+from mtp_cli.stats import GenStats
+
+log = logging.getLogger(__name__)
+
+FINISH = {"eog": "stop", "n_predict": "length", "ctx_full": "length"}  # GenStats.stop_reason -> OpenAI's
+
+
+class ContextLengthError(ConfigError):
+    """The prompt, or the prompt and max_tokens, do not fit the context."""
+
+
+@dataclass(frozen=True)
+class Started:
+    n_prompt: int
+    n_cached: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str
+    finish_reason: str  # stop | length
+    stats: GenStats
+    mtp: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+    status: int  # 400 for a request mtp-cli refuses, 500 for its own failure
+
+
+Event = Union[Started, Delta, Done, Failed]
+
+
+@dataclass
+class Job:
+    request: Union[ChatRequest, CompletionRequest]
+    emit: Callable[[Event], None]
+    id: str = field(default_factory=lambda: "req-" + secrets.token_hex(6))
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one finished request did (the log line; the last few are kept for /health and tests)."""
+
+    id: str
+    n_prompt: int
+    n_cached: int
+    n_tokens: int
+    tokens_per_second: float
+    acceptance: float
+    stop_reason: str
+    mode: str
+    n_max: int
+
+
+@dataclass
+class _Kept:
+    """What the KV cache holds, as the request that left it: the conversation with its answer (chat)
+    or the prompt text and its completion, and their tokens (prompt + generated)."""
+
+    messages: Optional[list[dict[str, str]]]
+    text: Optional[str]
+    tokens: list[int]
+
+
+class Engine:
+    """The server's model: `submit` jobs from any thread; one worker thread runs them in order."""
+
+    def __init__(self, rt: Runtime, base: GenConfig, draft_n: DraftN, alias: Optional[str] = None):
+        self.rt, self.base, self.draft_n = rt, base, draft_n
+        self.alias = alias or rt.model_path.name
+        self.names = {self.alias, rt.model_path.name, rt.model_path.stem}
+        self.auto = AutoDraft(rt)
+        self.startup: Resolved = self.auto.resolve(base, draft_n)  # a bad setting fails before serving
+        self.n_ctx = rt.contexts(self.startup.config)[0].n_ctx
+        self.created = int(os.path.getmtime(rt.model_path))
+        self.recent: deque[Record] = deque(maxlen=64)
+        self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
+        self._kept: Optional[_Kept] = None
+        self._current: Optional[Job] = None
+        self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
+
+    @classmethod
+    def load(
+        cls, model: Union[str, os.PathLike[str]], base: GenConfig, draft_n: DraftN, alias: Optional[str] = None
+    ) -> Engine:
+        rt = Runtime.load(model, base)
+        try:
+            return cls(rt, base, draft_n, alias)
+        except BaseException:
+            rt.close()
+            raise
+
+    # -- the queue -----------------------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def close(self) -> None:
+        """Stop the running job, let the worker finish, free the model."""
+        if self._current is not None:
+            self._current.cancelled.set()
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.rt.close()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if job.cancelled.is_set():
+                continue  # (its client left while it waited)
+            self._current = job
+            try:
+                self._run(job)
+            except MtpError as e:
+                job.emit(Failed(e, 400))
+            except Exception as e:  # no request can stop the worker
+                log.exception("%s: failed", job.id)
+                job.emit(Failed(e, 500))
+            finally:
+                self._current = None
+
+    # -- one job -------------------------------------------------------------------------------
+
+    def _run(self, job: Job) -> None:
+        req = job.request
+        check(req)
+        cfg = replace(self.base, **req.overrides())
+        if not cfg.greedy and cfg.seed < 0:
+            cfg = replace(cfg, seed=secrets.randbits(31))  # random, but said: the request can be repeated
+        prompt, kept_after = self._prompt(req)
+        self._check_fits(len(prompt), cfg.n_predict)
+        res = self.auto.resolve(cfg, self.draft_n)
+        self._kept = None  # (until this generation ends, the cache is in flux)
+        gen = self.rt.generate(prompt, res.config, policy=res.policy, reuse=True)
+        assert self.rt.stats is not None
+        job.emit(Started(len(prompt), self.rt.stats.n_cached))
+        text, tokens, cut = _stream(gen, job, req.stop_strings())
+        st = self.rt.stats
+        natural = st.stop_reason in FINISH and not cut
+        if natural:
+            self._kept = kept_after(text, prompt + tokens)
+        rec = Record(
+            job.id,
+            st.n_prompt,
+            st.n_cached,
+            st.n_tokens,
+            st.tokens_per_second,
+            st.acceptance,
+            "stop string" if cut else str(st.stop_reason),
+            res.mode,
+            st.n_max,
+        )
+        self.recent.append(rec)
+        _log(rec, st.spec_type)
+        if not job.cancelled.is_set():
+            job.emit(Done(text, "stop" if cut else FINISH.get(str(st.stop_reason), "stop"), st, _figures(st, res, cfg)))
+
+    def _check_fits(self, n_prompt: int, n_predict: int) -> None:
+        if n_prompt >= self.n_ctx:
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
+        if n_predict > 0 and n_prompt + n_predict > self.n_ctx:
+            raise ContextLengthError(
+                f"`max_tokens` {n_predict} and the prompt's {n_prompt} tokens exceed the context "
+                f"({self.n_ctx} tokens): ask for at most {self.n_ctx - n_prompt}"
+            )
+
+    def _prompt(
+        self, req: Union[ChatRequest, CompletionRequest]
+    ) -> tuple[list[int], Callable[[str, list[int]], _Kept]]:
+        """The request's prompt tokens (continuing what the cache holds where it can), and how to
+        describe, once answered, what the cache then holds."""
+        rt, kept = self.rt, self._kept
+        if isinstance(req, ChatRequest):
+            msgs = req.chat_messages()
+            bos, eos = rt.special_texts()
+            after = lambda out, toks: _Kept([*msgs, {"role": "assistant", "content": out}], None, toks)  # noqa: E731
+            if kept is not None and kept.messages is not None and _extends(msgs, kept.messages):
+                more = continuation(rt.file, kept.messages, msgs[len(kept.messages) :], bos, eos)
+                return kept.tokens + rt.tokenize(more, add_special=False, parse_special=True), after
+            return rt.tokenize(render(rt.file, msgs, bos, eos), add_special=True, parse_special=True), after
+        text = req.prompt_text()
+        if text is None:  # token ids: nothing to continue as text
+            return req.prompt_ids(), lambda out, toks: _Kept(None, None, toks)
+        done = lambda out, toks: _Kept(None, text + out, toks)  # noqa: E731
+        if kept is not None and kept.text is not None and len(text) > len(kept.text) and text.startswith(kept.text):
+            return kept.tokens + rt.tokenize(text[len(kept.text) :], add_special=False), done
+        if not text:
+            raise ConfigError("`prompt` is empty")
+        return rt.tokenize(text, add_special=True), done
+
+
+def _extends(msgs: Sequence[dict[str, str]], kept: Sequence[dict[str, str]]) -> bool:
+    return len(msgs) > len(kept) and list(msgs[: len(kept)]) == list(kept)
+
+
+def _stream(gen: Any, job: Job, stops: list[str]) -> tuple[str, list[int], bool]:
+    """Run the generation, emitting text as it comes (holding back what could begin a stop string);
+    (the text, the generated tokens, whether a stop string cut it)."""
+    out, tokens, sent, cut = "", [], 0, False
+    hold = max((len(s) for s in stops), default=1) - 1
+    try:
+        for ev in gen:
+            if job.cancelled.is_set():
+                break
+            tokens.append(ev.token)
+            lo = max(0, len(out) - hold)
+            out += ev.text
+            if stops:
+                found = [i for s in stops if (i := out.find(s, lo)) >= 0]
+                if found:
+                    out, cut = out[: min(found)], True
+                    break
+            upto = len(out) - hold
+            if upto > sent:
+                job.emit(Delta(out[sent:upto]))
+                sent = upto
+    finally:
+        gen.close()
+    if len(out) > sent and not job.cancelled.is_set():
+        job.emit(Delta(out[sent:]))
+    return out, tokens, cut
+
+
+def _figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
+    """The response's `mtp` object: what drafting did for this request."""
+    doc: dict[str, Any] = {
+        "spec_type": st.spec_type,
+        "mode": res.mode,
+        "draft_n_max": st.n_max,
+        "verify_passes": st.n_verify,
+        "drafted": st.n_drafted,
+        "accepted": st.n_accepted,
+        "acceptance": round(st.acceptance, 4),
+        "acceptance_by_pos": [round(x, 4) for x in st.acceptance_by_pos],
+        "tokens_per_pass": round(st.tokens_per_pass, 4),
+        "tokens_per_second": round(st.tokens_per_second, 2),
+        "prompt_tokens_per_second": round(st.prompt_tokens_per_second, 2),
+        "seed": None if cfg.greedy else cfg.seed,
+    }
+    if res.policy is not None:
+        doc["adaptive"] = res.policy.summary()
+    return doc
+
+
+def _log(r: Record, spec_type: str) -> None:
+    log.info(
+        "%s: %d prompt tokens (%d cached), %d generated at %.1f t/s, %s%s, %s",
+        r.id,
+        r.n_prompt,
+        r.n_cached,
+        r.n_tokens,
+        r.tokens_per_second,
+        spec_type,
+        f" N={r.n_max} ({r.mode}) acceptance {r.acceptance:.1%}" if spec_type != "none" else "",
+        r.stop_reason,
+    )
+
+
+def model_info(engine: Engine) -> dict[str, Any]:
+    """The /v1/models entry of the served model."""
+    return {"id": engine.alias, "object": "model", "created": engine.created, "owned_by": "mtp-cli"}
+
+
+def now() -> int:
+    return int(time.time())
+
+
+__all__ = [
+    "Engine",
+    "Job",
+    "Started",
+    "Delta",
+    "Done",
+    "Failed",
+    "Event",
+    "Record",
+    "ContextLengthError",
+    "model_info",
+]

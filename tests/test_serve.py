@@ -1,0 +1,279 @@
+"""`mtp-cli serve` (mtp_cli.serve): the server on 127.0.0.1 inside pytest with a tiny model, spoken to
+with the official `openai` client and with raw HTTP: greedy output equal to `generate`'s, streaming
+and not, a cached follow-up turn, a cancelled stream, every kind of refusal, the API key."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from mtp_cli.cli import main  # noqa: E402
+from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.serve.api import create_app  # noqa: E402
+from mtp_cli.serve.engine import Engine  # noqa: E402
+from tests.factory import tiny_model_set  # noqa: E402
+
+N_CTX = 256
+
+
+class Served:
+    """A uvicorn server on a free loopback port, in a thread."""
+
+    def __init__(self, engine: Engine, api_key: str | None = None):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        self.port = sock.getsockname()[1]
+        self.engine = engine
+        config = uvicorn.Config(create_app(engine, api_key), log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            assert time.monotonic() - t0 < 20, "the server did not start"
+            time.sleep(0.02)
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0)
+
+    def raw(self, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None):
+        """(status, parsed JSON body) of one raw request."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            c.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+            r = c.getresponse()
+            return r.status, json.loads(r.read() or b"null")
+        finally:
+            c.close()
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_set(tmp_path_factory.mktemp("serve"), "glm4moe", "structured", "q8_0", head_noise=1.5)
+
+
+@pytest.fixture(scope="module")
+def served(tiny) -> Iterator[Served]:
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1), 3)
+    s = Served(engine.start())
+    yield s
+    s.close()
+    engine.close()
+
+
+def _generate(tiny, *args: str) -> str:
+    r = CliRunner().invoke(
+        main,
+        ["generate", "-m", str(tiny["full"]), "--temp", "0", "-t", "1", "--spec-type", "mtp", "-c", str(N_CTX), *args],
+    )
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["text"]
+
+
+def _streamed(stream) -> tuple[str, list]:
+    chunks = list(stream)
+    text = "".join((c.choices[0].delta.content or "") if c.choices else "" for c in chunks)
+    return text, chunks
+
+
+def test_models_and_health(served, tiny):
+    assert [m.id for m in served.client().models.list().data] == [tiny["full"].name]
+    assert served.raw("GET", "/health") == (200, {"status": "ok", "queued": 0})
+
+
+def test_chat_greedy_equals_generate_streaming_or_not(served, tiny):
+    want = _generate(tiny, "--chat", "-p", "hello world", "-n", "12", "--json")
+    c = served.client()
+    msgs = [{"role": "user", "content": "hello world"}]
+    r = c.chat.completions.create(model=tiny["full"].name, messages=msgs, temperature=0, max_tokens=12)
+    assert r.choices[0].message.content == want and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12 and r.usage.total_tokens == r.usage.prompt_tokens + 12
+    mtp = r.model_extra["mtp"]
+    assert mtp["spec_type"] == "mtp" and mtp["draft_n_max"] == 3 and mtp["mode"] == "fixed"
+    assert mtp["drafted"] >= mtp["accepted"] > 0 and len(mtp["acceptance_by_pos"]) == 3 and mtp["verify_passes"] > 0
+    text, chunks = _streamed(
+        c.chat.completions.create(messages=msgs, model=tiny["full"].name, temperature=0, max_tokens=12, stream=True)
+    )
+    assert text == want and chunks[0].choices[0].delta.role == "assistant"
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 12
+    assert last.model_extra["mtp"]["accepted"] > 0 and all(ch.choices[0].finish_reason is None for ch in chunks[:-1])
+
+
+def test_completions_greedy_equal_generate_and_stop_strings_cut(served, tiny):
+    want = _generate(tiny, "-p", "hello world", "-n", "16", "--json")
+    c = served.client()
+    r = c.completions.create(model=tiny["full"].stem, prompt="hello world", temperature=0, max_tokens=16)
+    assert r.choices[0].text == want and r.object == "text_completion"
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model=tiny["full"].stem, prompt="hello world", temperature=0, max_tokens=16, stream=True
+        )
+    )
+    assert streamed == want
+    stop = want[5:8]
+    assert stop.strip() and stop not in want[:7]
+    cut = c.completions.create(model=tiny["full"].stem, prompt="hello world", temperature=0, max_tokens=16, stop=stop)
+    assert cut.choices[0].text == want[: want.index(stop)] and cut.choices[0].finish_reason == "stop"
+    pieces = c.completions.create(
+        model=tiny["full"].stem, prompt="hello world", temperature=0, max_tokens=16, stop=[stop], stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in pieces) == cut.choices[0].text
+
+
+def test_a_follow_up_turn_decodes_only_its_new_tokens(served):
+    c = served.client()
+    first = [{"role": "user", "content": "the cat"}]
+    a = c.chat.completions.create(messages=first, model=served.engine.alias, temperature=0, max_tokens=10)
+    turn2 = [
+        *first,
+        {"role": "assistant", "content": a.choices[0].message.content},
+        {"role": "user", "content": "a dog"},
+    ]
+    b = c.chat.completions.create(messages=turn2, model=served.engine.alias, temperature=0, max_tokens=10)
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    # everything the first request left in the cache: its prompt and its answer (the last token of a
+    # length-stopped answer was never decoded)
+    assert cached >= a.usage.prompt_tokens + a.usage.completion_tokens - 1 and b.usage.prompt_tokens > cached
+    c.completions.create(model=served.engine.alias, prompt="something else", temperature=0, max_tokens=2)
+    fresh = c.chat.completions.create(messages=turn2, model=served.engine.alias, temperature=0, max_tokens=10)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].message.content == b.choices[0].message.content  # the cache changes nothing
+
+
+def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
+    """A client gone mid-stream stops the generation at its next token; the server goes on."""
+    engine = served.engine
+    real = engine.rt.generate
+
+    def slow(*a, **k):  # a slow model: 20 ms a token
+        inner = real(*a, **k)
+        try:
+            for ev in inner:
+                time.sleep(0.02)
+                yield ev
+        finally:
+            inner.close()
+
+    monkeypatch.setattr(engine.rt, "generate", slow)
+    c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    seen = 0
+    while seen < 3:
+        seen += r.readline().startswith(b"data: ")
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    t0 = time.monotonic()
+    while not engine.recent or engine.recent[-1].n_tokens >= 200 or engine.recent[-1].stop_reason != "interrupted":
+        assert time.monotonic() - t0 < 10, list(engine.recent)[-1:]
+        time.sleep(0.05)
+    assert engine.recent[-1].n_tokens < 100
+    monkeypatch.setattr(engine.rt, "generate", real)
+    assert served.raw("GET", "/health")[0] == 200
+    ok = served.client().completions.create(model=engine.alias, prompt="hello", temperature=0, max_tokens=3)
+    assert ok.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "body, status, says",
+    [
+        ("{not json", 400, "not valid JSON"),
+        ("[1, 2]", 400, "must be a JSON object"),
+        ({"messages": "hi"}, 400, "`messages`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "`temperature`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "`temperature`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "unsupported parameter `frobnicate`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "`n` must be 1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model 'gpt-4' not found"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000}, 400, "exceed the context"),
+        ({"messages": [{"role": "user", "content": "hi " * 400}]}, 400, "the context holds 256"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "`stop`"),
+        ({"messages": []}, 400, "`messages`"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_kill_nothing(served, body, status, says):
+    raw = body if isinstance(body, str) else json.dumps(body)
+    got, doc = served.raw("POST", "/v1/chat/completions", raw)
+    assert got == status and says in doc["error"]["message"], doc
+    assert doc["error"]["type"] in ("invalid_request_error", "not_found_error")
+    assert served.raw("GET", "/health")[0] == 200
+
+
+def test_errors_reach_the_openai_client_as_its_own_exceptions(served):
+    c = served.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=served.engine.alias, prompt=[10**9], max_tokens=2)  # a token outside the vocabulary
+    assert "outside the vocabulary" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(
+            model=served.engine.alias, messages=[{"role": "user", "content": "x"}], max_tokens=900
+        )
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert served.raw("GET", "/v1/nowhere")[0] == 404
+
+
+def test_an_internal_failure_is_a_500_and_the_next_request_is_served(served, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(served.engine.rt, "generate", boom)
+    status, doc = served.raw("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}))
+    assert status == 500 and "disk on fire" in doc["error"]["message"] and doc["error"]["type"] == "server_error"
+    monkeypatch.undo()
+    assert served.raw("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}))[0] == 200
+
+
+def test_an_api_key_is_required_when_set(tiny):
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX, n_threads=1), 3).start()
+    s = Served(engine, api_key="sekrit")
+    try:
+        assert s.raw("GET", "/health")[0] == 200  # (open: for load balancers)
+        assert s.raw("GET", "/v1/models")[0] == 401
+        status, doc = s.raw("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert status == 401 and doc["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert s.client("sekrit").models.list().data[0].id == engine.alias
+        r = s.client("sekrit").chat.completions.create(
+            model=engine.alias, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+        )
+        assert r.model_extra["mtp"]["spec_type"] == "none" and r.usage.completion_tokens == 3
+    finally:
+        s.close()
+        engine.close()
+
+
+def test_serve_refuses_a_busy_port_in_one_line_before_loading(tiny):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        port = str(busy.getsockname()[1])
+        r = CliRunner().invoke(main, ["serve", "-m", str(tiny["full"].with_suffix(".missing")), "--port", port])
+        assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.output, r.output
+    finally:
+        busy.close()
