@@ -24,7 +24,7 @@ CORE = (
     "mtp_cli.stats",
     "mtp_cli.errors",
 )
-ABOVE_CORE = ("mtp_cli.speed", "mtp_cli.cli", "mtp_cli.train", "mtp_cli.demo")
+ABOVE_CORE = ("mtp_cli.speed", "mtp_cli.cli", "mtp_cli.train", "mtp_cli.demo", "mtp_cli.serve")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 CODE_DIRS = ("gguf_tools", "mtp_cli", "benchmarks", "scripts")
 
@@ -128,7 +128,7 @@ def test_the_core_imports_nothing_above_it():
             assert not bad, (m, bad)
 
 
-def test_llama_cpp_only_behind_llama_ext_and_click_rich_only_in_the_cli():
+def test_llama_cpp_only_behind_llama_ext_click_rich_in_the_cli_and_fastapi_in_serve():
     for m, deps in graph().items():
         for d in deps:
             if under(d, ("llama_cpp.llama_cpp_ext",)):
@@ -137,6 +137,8 @@ def test_llama_cpp_only_behind_llama_ext_and_click_rich_only_in_the_cli():
                 assert under(m, ("mtp_cli.llama_ext",)) or d == "llama_cpp.llama_chat_format", (m, d)
             if under(d, ("click", "rich")):
                 assert under(m, ("mtp_cli.cli",)), (m, d)
+            if under(d, ("fastapi", "starlette", "uvicorn", "pydantic")):  # (the serve extra)
+                assert under(m, ("mtp_cli.serve",)), (m, d)
 
 
 def code_files() -> list[Path]:

@@ -277,3 +277,27 @@ def test_serve_refuses_a_busy_port_in_one_line_before_loading(tiny):
         assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.output, r.output
     finally:
         busy.close()
+
+
+def test_the_command_serves_logs_one_line_per_request_and_stops_on_ctrl_c(tiny):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "mtp_cli", "serve", "-m", str(tiny["full"]), "--port", "0", "-c", str(N_CTX)]
+    proc = subprocess.Popen([*cmd, "--spec-type", "mtp", "-t", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"serving (\S+) \(mtp N=3, context 256\) at http://127\.0\.0\.1:(\d+)/v1", line)
+        assert m and m.group(1) == tiny["full"].name, line
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{m.group(2)}/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model=tiny["full"].name, prompt="hello world", max_tokens=5, temperature=0)
+        assert r.usage.completion_tokens == 5
+        logged = proc.stderr.readline()
+        assert re.search(r"req-\w+: 3 prompt tokens \(0 cached\), 5 generated at [\d.]+ t/s, mtp N=3", logged), logged
+        proc.send_signal(signal.SIGINT)  # (uvicorn shuts down, then the CLI says "interrupted", as everywhere)
+        assert proc.wait(timeout=30) == 130 and "interrupted" in proc.stderr.read()
+    finally:
+        proc.kill()
