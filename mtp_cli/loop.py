@@ -66,6 +66,7 @@ class VerifyLoop:
         self.V = lx.n_vocab(model)
         self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
         self.edits = RowEdits(cfg, lx.eog_tokens(model) if cfg.ignore_eos else ())
+        self.is_eog = lx.eog_checker(model)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))
         self.t_consumer = 0.0
@@ -212,7 +213,7 @@ class VerifyLoop:
 
     def _emit(self, tok: int, source: Source) -> Generator[TokenEvent, None, bool]:
         """Yield one token (the caller's time is kept apart); True when generation stops here."""
-        if lx.is_eog(self.model, tok):
+        if self.is_eog(tok):
             self._stopped("eog")
             return True
         self.emitted += 1

@@ -10,6 +10,9 @@ from llama_cpp import llama_cpp as _C
 
 from mtp_cli.errors import LlamaError
 from mtp_cli.llama_ext.models import ContextPtr, context_model, n_vocab
+from mtp_cli.llama_ext.views import address_getter, float_view
+
+logits_address = address_getter(_C.llama_get_logits)
 
 
 class Batch:
@@ -26,10 +29,9 @@ class Batch:
         self.seq_ids = np.zeros(self.capacity, dtype=np.int32)
         self.logits = np.zeros(self.capacity, dtype=np.int8)
         self.h = np.zeros((self.capacity, max(self.n_embd, 1)), dtype=np.float32)
-        seq_ptr_t = ctypes.POINTER(_C.llama_seq_id)
-        self._seq_ptrs = (seq_ptr_t * self.capacity)(
-            *[ctypes.cast(self.seq_ids.ctypes.data + 4 * k, seq_ptr_t) for k in range(self.capacity)]
-        )
+        # token k's seq_id pointer is &seq_ids[k]: the pointers as one array of addresses (a list of
+        # ctypes pointers took 3 ms per 512-token batch, and a batch is made per generation)
+        self._seq_ptrs = self.seq_ids.ctypes.data + 4 * np.arange(self.capacity, dtype=np.uintp)
         self.n_tokens = 0
         self._llama_batch: Any = None  # built once: the numpy arrays never move
 
@@ -93,14 +95,16 @@ class Batch:
         )
         b.pos = self.pos.ctypes.data_as(ctypes.POINTER(_C.llama_pos))
         b.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(_C.llama_seq_id)))
+        b.seq_id = ctypes.cast(self._seq_ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(_C.llama_seq_id)))
         b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._llama_batch = b
         return b
 
 
 def decode(ctx: ContextPtr, batch: Batch) -> None:
-    """llama_decode; raises LlamaError on a non-zero return."""
+    """llama_decode, waited for (llama_synchronize: a GPU backend returns before its work and the
+    copies of its outputs are done, and the first read of the logits would wait instead, so a
+    decode's time would be counted as the caller's); raises LlamaError on a non-zero return."""
     if batch.n_tokens == 0:
         return
     n_batch = int(_C.llama_n_batch(ctx))
@@ -109,6 +113,7 @@ def decode(ctx: ContextPtr, batch: Batch) -> None:
     rc = int(_C.llama_decode(ctx, batch.as_llama_batch()))
     if rc != 0:
         raise LlamaError(f"llama_decode failed with code {rc}")
+    _C.llama_synchronize(ctx)
 
 
 def logits_ith(ctx: ContextPtr, i: int, *, copy: bool = True) -> np.ndarray:
@@ -124,10 +129,10 @@ def logits_rows(ctx: ContextPtr, n_rows: int, n_vocab_: int) -> np.ndarray:
     """A (n_rows, n_vocab) float32 VIEW of the last decode's logits, in output order (row i is
     batch index i when every batch token was marked for output). Valid until the next decode;
     cheaper than logits_ith when the caller already knows n_vocab."""
-    ptr = _C.llama_get_logits(ctx)
-    if not ptr:
+    address = logits_address(ctx)
+    if not address:
         raise LlamaError("no logits (nothing decoded with output rows)")
-    return np.ctypeslib.as_array(ptr, shape=(int(n_rows), int(n_vocab_)))
+    return float_view(address, int(n_rows) * int(n_vocab_)).reshape(int(n_rows), int(n_vocab_))
 
 
 def memory_seq_rm(ctx: ContextPtr, seq_id: int, p0: int, p1: int = -1) -> bool:

@@ -5,6 +5,7 @@ These bindings are not a stable API of llama-cpp-python; this is the only module
 
 from __future__ import annotations
 
+import ctypes
 from typing import Optional
 
 import numpy as np
@@ -12,6 +13,11 @@ from llama_cpp import llama_cpp_ext as _X
 
 from mtp_cli.errors import LlamaError
 from mtp_cli.llama_ext.models import ContextPtr, context_model, n_embd_out
+from mtp_cli.llama_ext.views import address_getter, float_view
+
+# (the staging API's getters, returning addresses: views.py says why)
+nextn_address = address_getter(_X.llama_get_embeddings_nextn)
+nextn_ith_address = address_getter(_X.llama_get_embeddings_nextn_ith, ctypes.c_int32)
 
 
 def set_embeddings_nextn(ctx: ContextPtr, enabled: bool, masked: bool) -> None:
@@ -26,21 +32,21 @@ def get_embeddings_nextn(
     """The first `n_rows` h rows of the last decode, shape (n_rows, n_embd_out), float32.
     copy=False returns a view into llama.cpp's buffer, valid until the next decode. Pass n_embd
     (= n_embd_out of the model) to skip looking it up."""
-    ptr = _X.llama_get_embeddings_nextn(ctx)
-    if not ptr:
+    address = nextn_address(ctx)
+    if not address:
         raise LlamaError("no nextn embeddings (set_embeddings_nextn not enabled, or nothing decoded)")
     n = n_embd if n_embd else n_embd_out(context_model(ctx))
-    arr = np.ctypeslib.as_array(ptr, shape=(int(n_rows), n))
+    arr = float_view(address, int(n_rows) * n).reshape(int(n_rows), n)
     return arr.copy() if copy else arr
 
 
 def get_embeddings_nextn_ith(ctx: ContextPtr, i: int, *, copy: bool = True, n_embd: Optional[int] = None) -> np.ndarray:
     """The h row of batch index `i` (negative: from the end of the outputs), shape (n_embd_out,)."""
-    ptr = _X.llama_get_embeddings_nextn_ith(ctx, int(i))
-    if not ptr:
+    address = nextn_ith_address(ctx, int(i))
+    if not address:
         raise LlamaError(f"no nextn embedding row for batch index {i}")
     n = n_embd if n_embd else n_embd_out(context_model(ctx))
-    arr = np.ctypeslib.as_array(ptr, shape=(n,))
+    arr = float_view(address, n)
     return arr.copy() if copy else arr
 
 

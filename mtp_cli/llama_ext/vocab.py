@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 from llama_cpp import llama_cpp as _C
@@ -13,6 +14,12 @@ from mtp_cli.llama_ext.models import ContextPtr, ModelPtr
 
 def is_eog(model: ModelPtr, token: int) -> bool:
     return bool(_C.llama_vocab_is_eog(_C.llama_model_get_vocab(model), int(token)))
+
+
+def eog_checker(model: ModelPtr) -> Callable[[int], bool]:
+    """is_eog for one model, its vocabulary looked up once (one C call per token instead of two)."""
+    vocab, check = _C.llama_model_get_vocab(model), _C.llama_vocab_is_eog
+    return lambda token: bool(check(vocab, token))
 
 
 def eog_tokens(model: ModelPtr) -> list[int]:
