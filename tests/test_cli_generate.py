@@ -328,6 +328,7 @@ def test_system_prompt_seed_show_draft_verbose_and_version(tiny):
         and "mtp-cli " in v.output
         and "llama-cpp-python 0.3.36" in v.output
         and "GPU offload" in v.output
+        and "devices: CPU (" in v.output
     )
 
 

@@ -142,6 +142,12 @@ def test_llama_cpp_only_behind_llama_ext_click_rich_in_the_cli_and_fastapi_in_se
 
 
 def code_files() -> list[Path]:
+    """The project's own Python files (what git would take: not the ignored GPU-check build, say)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", *CODE_DIRS], cwd=ROOT, capture_output=True, text=True
+    )
+    if listed.returncode == 0:
+        return sorted(ROOT / f for f in listed.stdout.split() if f.endswith(".py") and (ROOT / f).is_file())
     return [p for d in CODE_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
 
 

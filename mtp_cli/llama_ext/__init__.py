@@ -28,6 +28,7 @@ from mtp_cli.llama_ext.decode import (
     memory_clear,
     memory_seq_rm,
 )
+from mtp_cli.llama_ext.devices import Device, devices
 from mtp_cli.llama_ext.models import (
     CTX_TYPE_MTP,
     CTX_TYPE_TARGET,
@@ -81,6 +82,8 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "Device",
+    "devices",
     "LlamaError",
     "STATE_PARTIAL_ONLY",
     "Batch",
