@@ -217,7 +217,7 @@ def test_bad_requests_get_openai_errors_and_kill_nothing(served, body, status, s
     raw = body if isinstance(body, str) else json.dumps(body)
     got, doc = served.raw("POST", "/v1/chat/completions", raw)
     assert got == status and says in doc["error"]["message"], doc
-    assert doc["error"]["type"] in ("invalid_request_error", "not_found_error")
+    assert doc["error"]["type"] == "invalid_request_error"
     assert served.raw("GET", "/health")[0] == 200
 
 
@@ -301,3 +301,117 @@ def test_the_command_serves_logs_one_line_per_request_and_stops_on_ctrl_c(tiny):
         assert proc.wait(timeout=30) == 130 and "interrupted" in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def _slow(engine, monkeypatch, per_token: float = 0.02):
+    """Make the engine's model slow (per_token seconds a token), to leave while it generates."""
+    real = engine.rt.generate
+
+    def slow(*a, **k):
+        inner = real(*a, **k)
+        try:
+            for ev in inner:
+                time.sleep(per_token)
+                yield ev
+        finally:
+            inner.close()
+
+    monkeypatch.setattr(engine.rt, "generate", slow)
+
+
+def _send(port: int, body: dict) -> http.client.HTTPConnection:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return c
+
+
+def _wait_for(cond, what: str, seconds: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < seconds, what
+        time.sleep(0.05)
+
+
+def test_an_abandoned_plain_request_and_a_queued_one_are_cancelled(served, monkeypatch):
+    """A client that leaves without reading its answer (a timeout) stopped nothing: the job ran to its
+    end, and a request queued behind it ran too."""
+    engine = served.engine
+    _slow(engine, monkeypatch)
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True}
+    before = len(engine.recent)
+    running = _send(served.port, body)
+    _wait_for(lambda: engine._current is not None, "the first request did not start")
+    queued = _send(served.port, {**body, "messages": [{"role": "user", "content": "queued"}]})
+    _wait_for(lambda: engine.queued == 1, "the second request was not queued")
+    for c in (queued, running):  # (the queued one leaves first, then the running one)
+        c.sock.shutdown(socket.SHUT_RDWR)
+        c.close()
+        time.sleep(0.3)
+    _wait_for(lambda: len(engine.recent) > before and engine._current is None, "the job did not stop")
+    assert len(engine.recent) == before + 1, list(engine.recent)[before:]  # the queued one never ran
+    assert engine.recent[-1].stop_reason == "interrupted" and engine.recent[-1].n_tokens < 100
+
+
+def test_stream_usage_comes_once_at_the_end_with_include_usage(served):
+    c = served.client()
+    chunks = list(
+        c.chat.completions.create(
+            model=served.engine.alias,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    with_usage = [ch for ch in chunks if ch.usage is not None]
+    assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].model_extra["mtp"]["spec_type"] == "mtp"
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_a_failure_inside_llama_cpp_is_a_500_not_the_clients_fault(served, monkeypatch):
+    from mtp_cli.errors import LlamaError
+
+    def fails(*a, **k):
+        raise LlamaError("llama_decode failed with code -3")
+
+    monkeypatch.setattr(served.engine.rt, "generate", fails)
+    status, doc = served.raw("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}))
+    assert status == 500 and "llama_decode failed" in doc["error"]["message"], doc
+
+
+def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
+    from mtp_cli.serve.engine import Delta, Job, _stream
+    from mtp_cli.stats import TokenEvent
+
+    pieces = ["Hel", "lo, wo", "rld", "! And", " more"]
+
+    def gen():
+        yield from (TokenEvent(i, t, "target", i) for i, t in enumerate(pieces))
+
+    for stops, want in (
+        (["o, w"], "Hell"),
+        (["rld!"], "Hello, wo"),
+        (["d! A", "x"], "Hello, worl"),
+        ([], "".join(pieces)),
+    ):
+        sent: list = []
+        text, tokens, cut = _stream(gen(), Job(None, sent.append), stops)  # type: ignore[arg-type]
+        assert text == want and cut == bool(stops) and "".join(d.text for d in sent if isinstance(d, Delta)) == want
+
+
+def test_the_servers_own_n_predict_is_clamped_to_the_room_left(tiny):
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=64, n_threads=1, n_predict=500), 3).start()
+    s = Served(engine)
+    try:
+        r = s.client().completions.create(
+            model=engine.alias, prompt="hello world", temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert r.usage.prompt_tokens + r.usage.completion_tokens <= 64 and r.choices[0].finish_reason == "length"
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client().completions.create(model=engine.alias, prompt="hello world", max_tokens=500)
+        assert "`max_tokens` 500" in str(e.value)
+    finally:
+        s.close()
+        engine.close()

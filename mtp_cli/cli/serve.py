@@ -73,16 +73,24 @@ def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: 
     base, draft_n = go.gen_config(opts)
     engine = Engine.load(model, base, draft_n, alias).start()
     _request_log()
-    where = f"http://{host}:{sock.getsockname()[1]}/v1"
+    where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup
     n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
     drafting = "no drafting" if res.config.spec_type == "none" else f"{res.config.spec_type} {n}"
     if engine.startup.note:
         render.note(f"note: {engine.startup.note}")
     render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}", highlight=False)
-    config = uvicorn.Config(create_app(engine, api_key), log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        create_app(engine, api_key), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+
+    class Server(uvicorn.Server):  # type: ignore[name-defined]
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            engine.cancel_all()  # (a generation would otherwise hold the shutdown until it ends)
+            super().handle_exit(sig, frame)
+
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(config).run(sockets=[sock])
     finally:
         engine.close()
         sock.close()

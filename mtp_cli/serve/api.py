@@ -14,7 +14,7 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Optional, Union
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -23,14 +23,13 @@ from mtp_cli.errors import MtpError
 from mtp_cli.serve.engine import ContextLengthError, Delta, Done, Engine, Event, Failed, Job, Started, model_info, now
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, request_name
 
-POLL_S = 0.25  # how often an abandoned plain request is noticed
 
-
-def error(status: int, message: str, *, code: Optional[str] = None, param: Optional[str] = None) -> JSONResponse:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
-    if status >= 500:
-        kind = "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+def error(
+    status: int, message: str, *, code: Optional[str] = None, param: Optional[str] = None, headers: Any = None
+) -> JSONResponse:
+    kind = "server_error" if status >= 500 else "invalid_request_error"  # (OpenAI's two types)
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
@@ -59,19 +58,20 @@ def create_app(engine: Engine, api_key: Optional[str] = None) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        if exc.status_code == 401:
+            return error(401, str(exc.detail), code="invalid_api_key")
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         return error(500, f"internal error: {exc}")
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Any:
-        if api_key is not None and request.url.path != "/health":
+    async def auth(request: Request) -> None:
+        """A dependency, not a middleware: Starlette's middleware hides a client's disconnect."""
+        if api_key is not None:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error(401, "invalid or missing API key (Authorization: Bearer KEY)", code="invalid_api_key")
-        return await call_next(request)
+                raise HTTPException(401, "invalid or missing API key (Authorization: Bearer KEY)")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -86,10 +86,11 @@ def create_app(engine: Engine, api_key: Optional[str] = None) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request) -> Any:
         return await _complete(engine, req, request, "text_completion")
 
+    guarded = [Depends(auth)]
     for prefix in ("/v1", ""):
-        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
-        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"], dependencies=guarded)
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], dependencies=guarded)
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"], dependencies=guarded)
     return app
 
 
@@ -97,19 +98,21 @@ async def _complete(engine: Engine, req: Union[ChatRequest, CompletionRequest], 
     if req.model is not None and req.model not in engine.names:
         return error(404, f"model {req.model!r} not found: this server serves {engine.alias!r}", code="model_not_found")
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
+    events: asyncio.Queue[Optional[Event]] = asyncio.Queue()
     job = Job(req, lambda ev: _post(loop, events, ev))
     head = {"id": ("chatcmpl-" if obj == "chat.completion" else "cmpl-") + job.id[4:], "created": now()}
     head["model"] = engine.alias
     engine.submit(job)
+    watcher = asyncio.create_task(_watch(request, job, events))
     try:
-        first = await _next(events, request, job)
+        first = await events.get()
         if first is None:
             return error(499, "client closed the request")
         if isinstance(first, Failed):
             return _failed(first)
         assert isinstance(first, Started)
         if req.stream:
+            watcher.cancel()  # (from here the streaming response itself notices a client gone)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
                 _sse(events, job, head, obj, first, include_usage),
@@ -117,7 +120,7 @@ async def _complete(engine: Engine, req: Union[ChatRequest, CompletionRequest], 
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         while True:  # (the deltas are not needed: Done has the whole text)
-            ev = await _next(events, request, job)
+            ev = await events.get()
             if ev is None:
                 return error(499, "client closed the request")
             if isinstance(ev, Failed):
@@ -127,9 +130,11 @@ async def _complete(engine: Engine, req: Union[ChatRequest, CompletionRequest], 
     except BaseException:
         job.cancelled.set()
         raise
+    finally:
+        watcher.cancel()
 
 
-def _post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], ev: Event) -> None:
+def _post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Optional[Event]], ev: Event) -> None:
     """Hand an event from the worker thread to the request's event loop (gone: nothing to tell)."""
     try:
         loop.call_soon_threadsafe(events.put_nowait, ev)
@@ -137,15 +142,14 @@ def _post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], ev: Eve
         pass
 
 
-async def _next(events: asyncio.Queue[Event], request: Request, job: Job) -> Optional[Event]:
-    """The job's next event; None (and the job cancelled) once the client is gone."""
+async def _watch(request: Request, job: Job, events: asyncio.Queue[Optional[Event]]) -> None:
+    """Cancel the job once its client disconnects (the body is read: the next message is that)."""
     while True:
-        try:
-            return await asyncio.wait_for(events.get(), POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancelled.set()
-                return None
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancelled.set()  # (queued: skipped; running: stopped at its next token)
+            events.put_nowait(None)
+            return
 
 
 def _failed(f: Failed) -> JSONResponse:
@@ -193,9 +197,15 @@ def _whole(head: dict[str, Any], obj: str, first: Started, done: Done) -> dict[s
 
 
 async def _sse(
-    events: asyncio.Queue[Event], job: Job, head: dict[str, Any], obj: str, first: Started, include_usage: bool
+    events: asyncio.Queue[Optional[Event]],
+    job: Job,
+    head: dict[str, Any],
+    obj: str,
+    first: Started,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
-    """The stream's chunks as OpenAI sends them; the last carries finish_reason, usage and mtp."""
+    """The stream's chunks as OpenAI sends them; usage and mtp come with finish_reason, or (include_usage)
+    in a last chunk of their own."""
     kind = obj + ".chunk" if obj == "chat.completion" else obj
 
     def chunk(choices: list[dict], **extra: Any) -> str:
@@ -209,13 +219,16 @@ async def _sse(
             if isinstance(ev, Delta):
                 yield chunk([_choice(obj, ev.text, None, delta=True)])
             elif isinstance(ev, Done):
-                usage = _usage(first, ev)
-                yield chunk([_choice(obj, None, ev.finish_reason, delta=True)], usage=usage, mtp=ev.mtp)
-                if include_usage:
-                    yield chunk([], usage=usage)
+                usage = {"usage": _usage(first, ev), "mtp": ev.mtp}
+                finish = [_choice(obj, None, ev.finish_reason, delta=True)]
+                if include_usage:  # (as OpenAI: usage once, in a last chunk without choices)
+                    yield chunk(finish)
+                    yield chunk([], **usage)
+                else:
+                    yield chunk(finish, **usage)
                 break
-            elif isinstance(ev, Failed):
-                body = json.loads(bytes(_failed(ev).body))
+            elif isinstance(ev, Failed) or ev is None:
+                body = json.loads(bytes(_failed(ev).body)) if ev is not None else {"error": "cancelled"}
                 yield f"data: {json.dumps(body)}\n\n"
                 break
         yield "data: [DONE]\n\n"

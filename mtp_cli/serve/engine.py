@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 from mtp_cli.chat import continuation, render
 from mtp_cli.config import GenConfig
-from mtp_cli.errors import ConfigError, MtpError
+from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
 from mtp_cli.speed.auto import AutoDraft, DraftN, Resolved
@@ -117,6 +117,7 @@ class Engine:
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
         self._kept: Optional[_Kept] = None
         self._current: Optional[Job] = None
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
 
     @classmethod
@@ -143,25 +144,42 @@ class Engine:
     def queued(self) -> int:
         return self._jobs.qsize()
 
+    def cancel_all(self) -> None:
+        """Stop the running job at its next token and drop the queued ones (the server is stopping)."""
+        self._closing.set()
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancelled.set()
+                job.emit(Failed(MtpError("the server is shutting down"), 503))
+
     def close(self) -> None:
-        """Stop the running job, let the worker finish, free the model."""
-        if self._current is not None:
-            self._current.cancelled.set()
+        """Stop every job, let the worker finish, then free the model (not while it may still decode)."""
+        self.cancel_all()
         self._jobs.put(None)
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=60)
+        if self._thread.is_alive():
+            log.warning("the worker is still decoding: the model is left to the process's exit")
+            return
         self.rt.close()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            if job.cancelled.is_set():
-                continue  # (its client left while it waited)
+            if job.cancelled.is_set() or self._closing.is_set():
+                continue  # (its client left while it waited, or the server is stopping)
             self._current = job
             try:
                 self._run(job)
-            except MtpError as e:
+            except (ConfigError, ChatTemplateError) as e:  # the request's fault
                 job.emit(Failed(e, 400))
-            except Exception as e:  # no request can stop the worker
+            except Exception as e:  # mtp-cli's or llama.cpp's: no request can stop the worker
                 log.exception("%s: failed", job.id)
                 job.emit(Failed(e, 500))
             finally:
@@ -176,7 +194,12 @@ class Engine:
         if not cfg.greedy and cfg.seed < 0:
             cfg = replace(cfg, seed=secrets.randbits(31))  # random, but said: the request can be repeated
         prompt, kept_after = self._prompt(req)
-        self._check_fits(len(prompt), cfg.n_predict)
+        if req.n_predict() is not None:
+            self._check_fits(len(prompt), cfg.n_predict, req.max_tokens_field())
+        else:  # (the server's own -n: as much of it as fits)
+            self._check_fits(len(prompt), -1, "")
+            if cfg.n_predict > 0:
+                cfg = replace(cfg, n_predict=min(cfg.n_predict, self.n_ctx - len(prompt)))
         res = self.auto.resolve(cfg, self.draft_n)
         self._kept = None  # (until this generation ends, the cache is in flux)
         gen = self.rt.generate(prompt, res.config, policy=res.policy, reuse=True)
@@ -203,12 +226,12 @@ class Engine:
         if not job.cancelled.is_set():
             job.emit(Done(text, "stop" if cut else FINISH.get(str(st.stop_reason), "stop"), st, _figures(st, res, cfg)))
 
-    def _check_fits(self, n_prompt: int, n_predict: int) -> None:
+    def _check_fits(self, n_prompt: int, n_predict: int, field: str) -> None:
         if n_prompt >= self.n_ctx:
             raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
         if n_predict > 0 and n_prompt + n_predict > self.n_ctx:
             raise ContextLengthError(
-                f"`max_tokens` {n_predict} and the prompt's {n_prompt} tokens exceed the context "
+                f"{field} {n_predict} and the prompt's {n_prompt} tokens exceed the context "
                 f"({self.n_ctx} tokens): ask for at most {self.n_ctx - n_prompt}"
             )
 

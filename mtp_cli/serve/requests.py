@@ -103,6 +103,10 @@ class Sampling(_Strict):
     def n_predict(self) -> Optional[int]:
         return self.max_tokens
 
+    def max_tokens_field(self) -> str:
+        """The field that set n_predict, as the request spelled it."""
+        return "`max_tokens`"
+
     def overrides(self) -> dict[str, Any]:
         """The GenConfig fields this request sets (the server's own settings fill the rest)."""
         pairs = {cfg: getattr(self, field) for field, cfg in CONFIG_FIELD.items() if field != "max_tokens"}
@@ -129,6 +133,9 @@ class ChatRequest(Sampling):
 
     def n_predict(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def max_tokens_field(self) -> str:
+        return "`max_completion_tokens`" if self.max_completion_tokens is not None else "`max_tokens`"
 
     def chat_messages(self) -> list[dict[str, str]]:
         """The messages as the chat template takes them ("developer" is the newer name for "system")."""
