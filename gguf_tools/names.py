@@ -35,6 +35,8 @@ MTP_ARCHS = frozenset(
 
 # Drafter models that carry no trunk of their own and read the target's KV cache.
 ASSISTANT_ARCHS = frozenset({"gemma4-assistant"})
+# target arch -> the assistant arch that drafts for it (llama.cpp: -md ASSISTANT --spec-type draft-mtp)
+ASSISTANT_FOR = {"gemma4": "gemma4-assistant"}
 
 # Archs `mtp-cli adopt` re-expresses as ADOPT_TARGET (no MTP graph of their own).
 ADOPTABLE_ARCHS = ("llama", "qwen2", "qwen3")

@@ -10,7 +10,7 @@ from pathlib import Path
 from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import problems
-from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, HF_NEXTN_ARCHS, MTP_ARCHS, TOKEN_EMBD
+from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, ASSISTANT_FOR, HF_NEXTN_ARCHS, MTP_ARCHS, TOKEN_EMBD
 from gguf_tools.surgery import head_tensors
 
 # Verdicts
@@ -152,6 +152,12 @@ def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
 
 def _no_graph_advice(gf: GGUFFile, rep: InspectReport, name: str) -> str:
     why = f"llama.cpp has no MTP graph for architecture {gf.arch!r}"
+    if gf.arch in ASSISTANT_FOR:
+        return (
+            f"{why}: it drafts with a separate {ASSISTANT_FOR[gf.arch]} model (Google's MTP drafter for "
+            f"it, converted by llama.cpp's convert_hf_to_gguf.py): mtp-cli generate -m {name} "
+            "-md ASSISTANT.gguf --spec-type mtp"
+        )
     if rep.adoptable:
         return why + f"; it can be re-expressed exactly as glm4moe, which has one: mtp-cli adopt {name} -o OUT.gguf"
     if rep.adopt_blocker:

@@ -23,6 +23,7 @@ from gguf_tools.gguf_write import KV, ArrayTensor, FileTensor, Tensor, WritePlan
 from gguf_tools.names import (
     ADOPTABLE_ARCHS,
     ASSISTANT_ARCHS,
+    ASSISTANT_FOR,
     FLOAT_TYPES,
     HEAD_TYPES,
     MATCH_KEYS,
@@ -217,10 +218,11 @@ def plan_pack(trunk: GGUFFile, heads: HeadSet, opts: PackOptions = PackOptions()
     """Trunk tensors byte for byte, then the heads renumbered after the trunk's last block."""
     arch = trunk.arch
     if arch not in MTP_ARCHS:
+        hint = f" (adopt re-expresses {'/'.join(ADOPTABLE_ARCHS)} as glm4moe)" if arch in ADOPTABLE_ARCHS else ""
+        if arch in ASSISTANT_FOR:
+            hint = f"; it drafts with a separate {ASSISTANT_FOR[arch]} model, given as `draft_model`"
         raise RefusedError(
-            f"llama.cpp has no MTP graph for architecture {arch!r}: a head packed into it "
-            "would never run"
-            + (f" (adopt re-expresses {'/'.join(ADOPTABLE_ARCHS)} as glm4moe)" if arch in ADOPTABLE_ARCHS else ""),
+            f"llama.cpp has no MTP graph for architecture {arch!r}: a head packed into it would never run{hint}",
             trunk.path,
         )
     own_heads = head_tensors(trunk)
