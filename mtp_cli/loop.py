@@ -181,7 +181,8 @@ class VerifyLoop:
         st.n_verify += 1
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
         if self.edits.active:
-            self.edits.apply(rows, [*self.decoded[-self.edits.last_n :], self.id_last], drafts)
+            recent = self.decoded[-self.edits.last_n :] if self.edits.penalty is not None else []
+            self.edits.apply(rows, [*recent, self.id_last], drafts)
         if self.sampler.greedy:
             return verify_greedy(rows, drafts)
         return self.verify_sampled(self.sampler, self.tgt, rows, drafts)

@@ -223,12 +223,17 @@ class Runtime:
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2)
         # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
         n_rs = cfg.draft_n_max if (self.recurrent and cls.name != "none") else 0
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, cfg.n_ubatch, cfg.flash_attn)
+        n_ubatch = cfg.n_ubatch
+        if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
+            # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
+            log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
+            n_ubatch = n_rs + 2
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
         key = (n_ctx, n_batch, cfg.n_threads, n_rs, kv)
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
-            self._check_kv(cfg)
+            self._check_kv(cfg, cls.name == self.spec.name)
             tgt = lx.create_context(
                 self.model,
                 n_ctx=n_ctx,
@@ -248,9 +253,10 @@ class Runtime:
         lx.set_embeddings_nextn(c.target, cls.target_h, False)  # the target computes h rows only for who reads them
         return c, d
 
-    def _check_kv(self, cfg: GenConfig) -> None:
-        """Refuse, naming the setting, KV cache types llama.cpp would not create a context with."""
-        for gf in (self.file, self.draft_file):
+    def _check_kv(self, cfg: GenConfig, drafting_file: bool) -> None:
+        """Refuse, naming the setting, KV cache types llama.cpp would not create a context with (for
+        the draft file too when the drafter in use reads it)."""
+        for gf in (self.file, self.draft_file if drafting_file else None):
             why = kv_cache_problem(gf.scan, cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn) if gf else None
             if gf and why:
                 raise ConfigError(f"{gf.path.name}: {why}")

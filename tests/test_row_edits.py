@@ -142,3 +142,22 @@ def test_ignore_eos_generates_past_the_end_as_llama_cpp_does(tiny_models):
 def test_bad_settings_are_refused_by_name(bad, names):
     with pytest.raises(ConfigError, match=names):
         GenConfig(**bad).validated()
+
+
+def test_a_small_ubatch_on_a_recurrent_target_is_raised_instead_of_aborting(tiny_models):
+    """-ub 2 with N = 3 on qwen35 aborted the process (llama-batch.cpp: n_ubatch > n_rs_seq + 1)."""
+    import subprocess
+    import sys
+
+    s = tiny_models("qwen35", head_noise=1.0, **SENSITIVE)
+    code = (
+        "from mtp_cli.config import GenConfig; from mtp_cli.runtime import Runtime; import sys\n"
+        "cfg = lambda **k: GenConfig(n_predict=24, n_ctx=256, n_threads=1, temp=0.0, **k)\n"
+        f"rt = Runtime({str(s['full'])!r}, spec_type='mtp'); p = rt.tokenize('hello world')\n"
+        "ref = [e.token for e in rt.generate(p, cfg())]\n"
+        "out = [e.token for e in rt.generate(p, cfg(spec_type='mtp', draft_n_max=3, n_ubatch=2))]\n"
+        "sys.exit(0 if out == ref else 3)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "n_ubatch 2 raised to 5" in r.stderr

@@ -28,7 +28,7 @@ def kv_cache_problem(scan: Prescan, type_k: str, type_v: str, flash_attn: bool |
     """Why llama.cpp would refuse these cache types for this file (`cache_type_k` / `cache_type_v`
     named), or None. `flash_attn` None is llama.cpp's auto (on with a quantized V cache)."""
     h = Header(scan)
-    if h.u32("attention.key_length_mla") and type_k != type_v:
+    if (h.u32("attention.key_length_mla") or h.arch == "deepseek4") and type_k != type_v:
         return f"{h.arch} (MLA) needs one cache type for K and V: `cache_type_k` {type_k}, `cache_type_v` {type_v}"
     if flash_attn is False:
         return None  # (only a quantized V cache matters then: refused by GenConfig.validated)
