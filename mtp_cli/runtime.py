@@ -25,6 +25,7 @@ from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import require_loadable
 from gguf_tools.loadable.kv_cache import kv_cache_problem
+from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
@@ -110,6 +111,11 @@ class Runtime:
         self._ctx: Optional[Contexts] = None
         self.stats: Optional[GenStats] = None
         self.file = open_model_file(self.model_path, "model")
+        if self.file.arch in ASSISTANT_ARCHS:
+            raise ModelFileError(
+                f"{self.model_path.name} is a {self.file.arch} drafter: give it as `draft_model` "
+                "(with `spec_type` mtp) and its target as the model"
+            )
         if self.file.is_mtp_sidecar:
             raise ModelFileError(
                 f"{self.model_path.name} is an MTP-only sidecar: give it as `draft_model` and the trunk as the model"

@@ -1,0 +1,53 @@
+"""Gemma 4's assistant drafter (gemma4-assistant: Q-only attention over the target's KV cache) with a
+tiny random pair (tests/gemma4_pair.py): inspect names both, generate drafts with it through the
+memory-shared path and keeps plain decoding's output, and misuse is one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gguf_tools.report import ASSISTANT, NO_MTP_GRAPH, inspect_file
+from mtp_cli.cli import main
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters.mtp import MtpDrafter
+from mtp_cli.runtime import Runtime
+from tests.gemma4_pair import write_gemma4_pair
+from tests.parity import PROMPT, greedy, run
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return write_gemma4_pair(tmp_path_factory.mktemp("gemma4"))
+
+
+def test_inspect_says_what_each_file_is_and_how_to_use_them_together(pair):
+    t, a = inspect_file(pair["target"]), inspect_file(pair["assistant"])
+    assert t.verdict == NO_MTP_GRAPH and "gemma4-assistant" in t.advice and "-md ASSISTANT.gguf" in t.advice
+    assert a.verdict == ASSISTANT and f"-md {pair['assistant']}" in a.advice
+
+
+def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(pair):
+    with Runtime(pair["target"], spec_type="mtp", draft_model=pair["assistant"]) as rt:
+        prompt = rt.tokenize(PROMPT)
+        ref = run(rt, prompt, greedy(n_predict=24))
+        for n in (1, 2, 3, 4, 8):
+            out = run(rt, prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=n))
+            assert out == ref, n
+            assert rt.stats.n_drafted > 0 and rt.stats.stop_reason == "n_predict"
+        d = rt.contexts(GenConfig(spec_type="mtp", draft_n_max=8, n_ctx=256, n_batch=64, n_threads=1))[1]
+        assert isinstance(d, MtpDrafter) and d.mem_shared  # (no KV of its own: ctx_other kept)
+
+
+def test_misuse_is_one_line(pair, tmp_path):
+    r = CliRunner().invoke(main, ["generate", "-m", str(pair["assistant"]), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 2 and "is a gemma4-assistant drafter: give it as -md" in r.output, r.output
+    r = CliRunner().invoke(
+        main, ["generate", "-m", str(pair["target"]), "-md", str(pair["target"]), "--spec-type", "mtp", "-p", "hi"]
+    )
+    assert r.exit_code == 2 and "has no MTP head" in r.output, r.output
+    other = write_gemma4_pair(tmp_path, target_width=128)["assistant"]  # an assistant for a wider target
+    r = CliRunner().invoke(
+        main, ["generate", "-m", str(pair["target"]), "-md", str(other), "--spec-type", "mtp", "-p", "hi", "-n", "2"]
+    )
+    assert r.exit_code == 2 and "128" in r.output and "64" in r.output and "Traceback" not in r.output, r.output
