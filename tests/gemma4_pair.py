@@ -81,18 +81,21 @@ def _block(w: gguf.GGUFWriter, mat, i: int, n_embd: int, kv: bool) -> None:
     w.add_tensor(p + "post_ffw_norm.weight", ones(n_embd))
 
 
-def write_gemma4_pair(folder: Path, seed: int = 0, target_width: int = E) -> dict[str, Path]:
-    """{"target": ..., "assistant": ...}; `target_width` other than E writes an assistant for another target."""
+def write_gemma4_pair(folder: Path, seed: int = 0, target_width: int = E, agree: bool = False) -> dict[str, Path]:
+    """{"target": ..., "assistant": ...}; `target_width` other than E writes an assistant for another
+    target. `agree`: both final norms zero, so every logit is 0 and both always choose token 0 (the
+    first maximum): every draft is accepted (the random pair's are all rejected)."""
     rng = np.random.default_rng(seed)
     mat = lambda *shape, std=0.05: (rng.standard_normal(shape) * std).astype(np.float32)  # noqa: E731
     n_vocab = len(tiny_vocab()[0])
     folder.mkdir(parents=True, exist_ok=True)
     out = {"target": folder / "gemma4.gguf", "assistant": folder / f"gemma4-assistant-{target_width}.gguf"}
+    final = np.zeros if agree else np.ones
     w = gguf.GGUFWriter(str(out["target"]), "gemma4")
     _common(w, "gemma4", E, TARGET_PATTERN)
     w.add_uint32("gemma4.embedding_length_per_layer_input", 0)
     w.add_tensor("token_embd.weight", mat(n_vocab, E, std=1.0))
-    w.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    w.add_tensor("output_norm.weight", final(E, np.float32))
     w.add_tensor("rope_freqs.weight", np.ones(D // 2, np.float32))
     for i in range(len(TARGET_PATTERN)):
         _block(w, mat, i, E, kv=True)
@@ -103,7 +106,7 @@ def write_gemma4_pair(folder: Path, seed: int = 0, target_width: int = E) -> dic
     w.add_nextn_predict_layers(len(ASSISTANT_PATTERN))
     w.add_uint32(f"{a}.embedding_length_out", target_width)
     w.add_tensor("token_embd.weight", mat(n_vocab, ASSISTANT_E, std=1.0))
-    w.add_tensor("output_norm.weight", np.ones(ASSISTANT_E, np.float32))
+    w.add_tensor("output_norm.weight", final(ASSISTANT_E, np.float32))
     w.add_tensor("rope_freqs.weight", np.ones(D // 2, np.float32))
     w.add_tensor("nextn.pre_projection.weight", mat(ASSISTANT_E, 2 * target_width))
     w.add_tensor("nextn.post_projection.weight", mat(target_width, ASSISTANT_E))

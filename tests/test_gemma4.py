@@ -39,6 +39,19 @@ def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(
         assert isinstance(d, MtpDrafter) and d.mem_shared  # (no KV of its own: ctx_other kept)
 
 
+def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_path):
+    both = write_gemma4_pair(tmp_path / "agree", agree=True)
+    with Runtime(both["target"], spec_type="mtp", draft_model=both["assistant"]) as rt:
+        prompt = rt.tokenize(PROMPT)
+        ref = run(rt, prompt, greedy(n_predict=25))
+        assert len(ref) == 25
+        for n in (1, 3, 6):
+            assert run(rt, prompt, greedy(n_predict=25, spec_type="mtp", draft_n_max=n)) == ref, n
+            st = rt.stats
+            # every pass keeps its N drafts and adds its own token: 24 tokens after the first
+            assert st.acceptance == 1.0 and st.n_verify == -(-24 // (n + 1)), (n, st.acceptance, st.n_verify)
+
+
 def test_misuse_is_one_line(pair, tmp_path):
     r = CliRunner().invoke(main, ["generate", "-m", str(pair["assistant"]), "-p", "hi", "-n", "2"])
     assert r.exit_code == 2 and "is a gemma4-assistant drafter: give it as -md" in r.output, r.output
