@@ -64,3 +64,18 @@ def test_misuse_is_one_line(pair, tmp_path):
         main, ["generate", "-m", str(pair["target"]), "-md", str(other), "--spec-type", "mtp", "-p", "hi", "-n", "2"]
     )
     assert r.exit_code == 2 and "128" in r.output and "64" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_bench_and_tune_take_the_assistant(pair, tmp_path):
+    """tune's cost probe decoded the assistant at a position the target already held: llama.cpp
+    refused the batch ("llama_decode failed with code -1")."""
+    from mtp_cli.speed.bench import bench
+    from mtp_cli.speed.tune import tune
+
+    b = bench(pair["target"], pair["assistant"], n_predict=8, repeats=1, n_threads=1)
+    rows = {r.name: r for r in b.rows}
+    for name in ("none", "mtp N=1", "mtp N=2", "mtp N=3", "mtp N=4", "auto", "adaptive"):
+        assert rows[name].result is not None, name
+    assert rows["mtp N=3"].result.stats.n_drafted > 0
+    t = tune(pair["target"], pair["assistant"], budget=3, n_max=2, n_threads=1, save=False, config_dir=tmp_path)
+    assert t.cost is not None and len(t.cost.verify) == 3 and t.best is not None

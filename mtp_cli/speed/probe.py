@@ -105,7 +105,9 @@ class _Probe:
         p = self.dpos
         for k in range(n):
             rows = m if k == 0 else 1
-            dt = self.head.decode(self.toks[:rows], self.pos if self.head.shares_memory else p)
+            # (a drafter sharing the target's memory decodes right after what the target holds, at pos + 1:
+            # the verify block kept its first row, at pos)
+            dt = self.head.decode(self.toks[:rows], self.pos + 1 if self.head.shares_memory else p)
             (self.first[m - 1] if k == 0 else self.single).append(dt)
             p += rows
         self.n_first += 1
