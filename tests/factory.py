@@ -443,6 +443,13 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
         w.add_expert_weights_norm(True)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
 
+    add_tiny_vocab(w)
+    w.add_add_space_prefix(True)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+def add_tiny_vocab(w: gguf.GGUFWriter) -> None:
+    """The tiny vocabulary and its special tokens, as every tiny model here carries them."""
     tokens, scores, types = tiny_vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -453,8 +460,6 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(True)
-    w.add_chat_template(CHAT_TEMPLATE)
 
 
 def write_tiny_model(path: str | Path, spec: TinySpec) -> Path:

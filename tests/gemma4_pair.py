@@ -16,7 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tests.factory import BOS_ID, EOS_ID, UNK_ID, tiny_vocab
+from tests.factory import add_tiny_vocab, tiny_vocab
 
 E, H, HKV, D, FF = 64, 4, 2, 16, 128  # target width, heads, KV heads, head size (global = SWA), FFN
 TARGET_PATTERN = (True, True, True, False)  # sliding-window per block
@@ -42,15 +42,7 @@ def _common(w: gguf.GGUFWriter, arch: str, n_embd: int, pattern: tuple[bool, ...
     w.add_uint32(f"{arch}.attention.key_length_swa", D)
     w.add_uint32(f"{arch}.attention.value_length_swa", D)
     w.add_array(f"{arch}.attention.sliding_window_pattern", list(pattern))
-    tokens, scores, types = tiny_vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(True)
+    add_tiny_vocab(w)
     w.add_add_space_prefix(True)
 
 

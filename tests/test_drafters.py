@@ -18,7 +18,7 @@ from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.errors import VocabMismatchError
 from mtp_cli.runtime import Runtime
 from tests import factory
-from tests.factory import BOS_ID, EOS_ID, UNK_ID, TinySpec, tiny_model_set, tiny_vocab, token_permutation
+from tests.factory import TinySpec, add_tiny_vocab, tiny_model_set, tiny_vocab, token_permutation
 from tests.parity import (
     ARCHS,
     PROMPT,
@@ -229,8 +229,7 @@ def write_tiny_mimo2(path: Path, *, n_heads: int, mix: float, head_noise: float,
     sliding-window trunk layer (mimo2 uses an iSWA cache), structured like the factory's models:
     output = permuted embedding, each head's eh_proj passes the token embedding (+ noise)."""
     E, H, Hkv, D, F, n_trunk = 64, 4, 2, 16, 128, 2
-    tokens, scores, types = tiny_vocab()
-    V = len(tokens)
+    V = len(tiny_vocab()[0])
     rng = np.random.default_rng(seed)
 
     def lin(o: int, i: int, branch: bool = False) -> np.ndarray:
@@ -286,15 +285,7 @@ def write_tiny_mimo2(path: Path, *, n_heads: int, mix: float, head_noise: float,
     w.add_vocab_size(V)
     w.add_sliding_window(64)
     w.add_sliding_window_pattern([il == 0 for il in range(n_layer)])
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_tiny_vocab(w)
     for name, arr in t.items():
         w.add_tensor(name, np.ascontiguousarray(arr))
     w.write_header_to_file()

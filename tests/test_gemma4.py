@@ -52,6 +52,19 @@ def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_
             assert st.acceptance == 1.0 and st.n_verify == -(-24 // (n + 1)), (n, st.acceptance, st.n_verify)
 
 
+def test_pack_refuses_the_pair_saying_how_it_is_used(pair, tiny_models, tmp_path):
+    out = tmp_path / "o.gguf"
+    r = CliRunner().invoke(
+        main, ["pack", str(pair["target"]), "--heads", str(tiny_models("glm4moe")["sidecar"]), "-o", str(out)]
+    )
+    assert r.exit_code == 2 and "gemma4-assistant model, given as -md" in r.output, r.output
+    r = CliRunner().invoke(
+        main, ["pack", str(tiny_models("glm4moe")["trunk"]), "--heads", str(pair["assistant"]), "-o", str(out)]
+    )
+    assert r.exit_code == 2 and "drafter, not an MTP head" in r.output and "-md" in r.output, r.output
+    assert not out.exists()
+
+
 def test_misuse_is_one_line(pair, tmp_path):
     r = CliRunner().invoke(main, ["generate", "-m", str(pair["assistant"]), "-p", "hi", "-n", "2"])
     assert r.exit_code == 2 and "is a gemma4-assistant drafter: give it as -md" in r.output, r.output

@@ -502,7 +502,6 @@ def test_a_head_tensor_q8_0_cannot_hold_falls_back_to_f16_as_the_converter_does(
 
 
 def test_pack_and_strip_recompute_the_size_label(sets, tmp_path):
-    import gguf
 
     from tests.hostile import edited
 
@@ -524,47 +523,3 @@ def test_pack_and_strip_recompute_the_size_label(sets, tmp_path):
     assert gs.get(label) == converters_label(gs) != gf.get(label)
     ops.pack(s["trunk"], s["sidecar"], tmp_path / "q.gguf")
     assert not open_gguf(tmp_path / "q.gguf").has(label)  # none added where the source had none
-
-
-def _gemma4_header(path: Path, arch: str = "gemma4") -> Path:
-    """A gemma4 (or gemma4-assistant) header with a token embedding: enough for inspect and pack."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(4096)
-    w.add_embedding_length(64)
-    w.add_block_count(4)
-    w.add_head_count(4)
-    w.add_layer_norm_rms_eps(1e-6)
-    for key, value in (("sliding_window", 128), ("key_length_swa", 16), ("value_length_swa", 16)):
-        w.add_uint32(f"{arch}.attention.{key}", value)
-    w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
-    if arch == "gemma4-assistant":
-        w.add_uint32(f"{arch}.embedding_length_out", 128)
-    w.add_array(f"{arch}.attention.sliding_window_pattern", [True, True, True, False])
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{i}" for i in range(8)])
-    w.add_token_scores([0.0] * 8)
-    w.add_token_types([1] * 8)
-    w.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def test_inspect_and_pack_name_the_gemma4_assistant(sets, tmp_path):
-    """inspect on a gemma4 target said only "use ngram or a draft model", never the assistant."""
-    target = _gemma4_header(tmp_path / "g4.gguf")
-    rep = inspect_file(target)
-    assert rep.verdict == NO_MTP_GRAPH and "gemma4-assistant" in rep.advice and "-md ASSISTANT.gguf" in rep.advice
-    helper = inspect_file(_gemma4_header(tmp_path / "g4a.gguf", "gemma4-assistant"))
-    assert f"-md {tmp_path / 'g4a.gguf'}" in helper.advice and "TARGET.gguf" in helper.advice
-    r = CliRunner().invoke(
-        main, ["pack", str(target), "--heads", str(sets("glm4moe")["sidecar"]), "-o", str(tmp_path / "o.gguf")]
-    )
-    assert r.exit_code == 2 and "gemma4-assistant model, given as -md" in r.output, r.output
-    r = CliRunner().invoke(
-        main,
-        ["pack", str(sets("glm4moe")["trunk"]), "--heads", str(tmp_path / "g4a.gguf"), "-o", str(tmp_path / "o.gguf")],
-    )
-    assert r.exit_code == 2 and "drafter, not an MTP head" in r.output and "-md" in r.output, r.output
