@@ -63,10 +63,7 @@ class RowEdits:
         self.penalty = np.float32(cfg.repeat_penalty) if cfg.penalized else None
         self.last_n = cfg.repeat_last_n
         self.eog = np.asarray(eog_tokens, dtype=np.int64) if cfg.ignore_eos and len(eog_tokens) else None
-
-    @property
-    def active(self) -> bool:
-        return self.penalty is not None or self.eog is not None
+        self.active = self.penalty is not None or self.eog is not None  # (read every step)
 
     def apply(self, rows: np.ndarray, history: Sequence[int], drafts: Sequence[int] = ()) -> None:
         """Edit rows[i] (the logits after history + drafts[:i]) in place."""

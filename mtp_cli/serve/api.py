@@ -227,8 +227,9 @@ async def _sse(
                 else:
                     yield chunk(finish, **usage)
                 break
-            elif isinstance(ev, Failed) or ev is None:
-                body = json.loads(bytes(_failed(ev).body)) if ev is not None else {"error": "cancelled"}
+            elif isinstance(ev, Failed) or ev is None:  # (None: the client left before the stream began)
+                failed = _failed(ev) if ev is not None else error(499, "client closed the request")
+                body = json.loads(bytes(failed.body))
                 yield f"data: {json.dumps(body)}\n\n"
                 break
         yield "data: [DONE]\n\n"
