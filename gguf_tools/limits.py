@@ -34,6 +34,9 @@ TOKENIZER_MODELS = (  # src/llama-vocab.cpp:1949-2152
 )
 BPE_MODELS = ("gpt2", "hybriddna", "whitespace", "gemma4")  # need merges: src/llama-vocab.cpp:1997-2029, 2114-2139
 NO_TOKENIZER_MODELS = ("no_vocab", "none")  # llama_tokenize aborts: src/llama-vocab.cpp:3422
+# src/llama-model.cpp:2811-2819 (share): an assistant's sliding-window blocks read the cache of the
+# target's block n_layer - 2, its global blocks that of block n_layer - 1 (sliding-window: True)
+ASSISTANT_READS_FROM_END = {True: 2, False: 1}
 TOKEN_TYPE_BYTE = 6  # src/llama-vocab.cpp:3196 (a byte token's text is "<0xXX>")
 
 

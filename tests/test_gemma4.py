@@ -1,19 +1,26 @@
-"""Gemma 4's assistant drafter (gemma4-assistant: Q-only attention over the target's KV cache) with a
-tiny random pair (tests/gemma4_pair.py): inspect names both, generate drafts with it through the
-memory-shared path and keeps plain decoding's output, and misuse is one line."""
+"""Gemma 4's assistant drafter (gemma4-assistant: Q-only attention over the target's KV cache) with
+tiny pairs (tests/gemma4_pair.py): a random one (every draft rejected), structured ones that agree
+with the target always or for part of the vocabulary. inspect names both files; generate drafts
+through the memory-shared path and keeps plain decoding's output (greedy, sampling's distribution,
+EOS and -n inside a draft, a full context, rollback in the sliding-window cache); misuse is one line."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from gguf_tools.report import ASSISTANT, NO_MTP_GRAPH, inspect_file
+from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.mtp import MtpDrafter
+from mtp_cli.drafters.mtp import SHARED_N_BATCH, MtpDrafter
+from mtp_cli.errors import ModelFileError, VocabMismatchError
 from mtp_cli.runtime import Runtime
-from tests.gemma4_pair import write_gemma4_pair
+from tests.factory import BOS_ID, EOS_ID
+from tests.gemma4_pair import SWA, Gemma4Pair, write_gemma4_pair
 from tests.parity import PROMPT, greedy, run
+from tests.test_sampling import SAMPLING, SIG, _p_values, _sample_runs
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +29,13 @@ def pair(tmp_path_factory):
 
 
 def test_inspect_says_what_each_file_is_and_how_to_use_them_together(pair):
-    t, a = inspect_file(pair["target"]), inspect_file(pair["assistant"])
+    t, a = inspect_file(pair.target), inspect_file(pair.assistant)
     assert t.verdict == NO_MTP_GRAPH and "gemma4-assistant" in t.advice and "-md ASSISTANT.gguf" in t.advice
-    assert a.verdict == ASSISTANT and f"-md {pair['assistant']}" in a.advice
+    assert a.verdict == ASSISTANT and f"-md {pair.assistant}" in a.advice
 
 
 def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(pair):
-    with Runtime(pair["target"], spec_type="mtp", draft_model=pair["assistant"]) as rt:
+    with Runtime(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=24))
         for n in (1, 2, 3, 4, 8):
@@ -37,11 +44,12 @@ def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(
             assert rt.stats.n_drafted > 0 and rt.stats.stop_reason == "n_predict"
         d = rt.contexts(GenConfig(spec_type="mtp", draft_n_max=8, n_ctx=256, n_batch=64, n_threads=1))[1]
         assert isinstance(d, MtpDrafter) and d.mem_shared  # (no KV of its own: ctx_other kept)
+        assert lx.n_batch(d.ctx) == SHARED_N_BATCH  # one row a decode: a small compute buffer
 
 
 def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_path):
-    both = write_gemma4_pair(tmp_path / "agree", agree=True)
-    with Runtime(both["target"], spec_type="mtp", draft_model=both["assistant"]) as rt:
+    both = write_gemma4_pair(tmp_path / "agree", agree=1.0)
+    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=25))
         assert len(ref) == 25
@@ -55,26 +63,26 @@ def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_
 def test_pack_refuses_the_pair_saying_how_it_is_used(pair, tiny_models, tmp_path):
     out = tmp_path / "o.gguf"
     r = CliRunner().invoke(
-        main, ["pack", str(pair["target"]), "--heads", str(tiny_models("glm4moe")["sidecar"]), "-o", str(out)]
+        main, ["pack", str(pair.target), "--heads", str(tiny_models("glm4moe")["sidecar"]), "-o", str(out)]
     )
     assert r.exit_code == 2 and "gemma4-assistant model, given as -md" in r.output, r.output
     r = CliRunner().invoke(
-        main, ["pack", str(tiny_models("glm4moe")["trunk"]), "--heads", str(pair["assistant"]), "-o", str(out)]
+        main, ["pack", str(tiny_models("glm4moe")["trunk"]), "--heads", str(pair.assistant), "-o", str(out)]
     )
     assert r.exit_code == 2 and "drafter, not an MTP head" in r.output and "-md" in r.output, r.output
     assert not out.exists()
 
 
 def test_misuse_is_one_line(pair, tmp_path):
-    r = CliRunner().invoke(main, ["generate", "-m", str(pair["assistant"]), "-p", "hi", "-n", "2"])
+    r = CliRunner().invoke(main, ["generate", "-m", str(pair.assistant), "-p", "hi", "-n", "2"])
     assert r.exit_code == 2 and "is a gemma4-assistant drafter: give it as -md" in r.output, r.output
     r = CliRunner().invoke(
-        main, ["generate", "-m", str(pair["target"]), "-md", str(pair["target"]), "--spec-type", "mtp", "-p", "hi"]
+        main, ["generate", "-m", str(pair.target), "-md", str(pair.target), "--spec-type", "mtp", "-p", "hi"]
     )
     assert r.exit_code == 2 and "has no MTP head" in r.output, r.output
-    other = write_gemma4_pair(tmp_path, target_width=128)["assistant"]  # an assistant for a wider target
+    other = write_gemma4_pair(tmp_path, target_width=128).assistant  # an assistant for a wider target
     r = CliRunner().invoke(
-        main, ["generate", "-m", str(pair["target"]), "-md", str(other), "--spec-type", "mtp", "-p", "hi", "-n", "2"]
+        main, ["generate", "-m", str(pair.target), "-md", str(other), "--spec-type", "mtp", "-p", "hi", "-n", "2"]
     )
     assert r.exit_code == 2 and "128" in r.output and "64" in r.output and "Traceback" not in r.output, r.output
 
@@ -82,13 +90,160 @@ def test_misuse_is_one_line(pair, tmp_path):
 def test_bench_and_tune_take_the_assistant(pair, tmp_path):
     """tune's cost probe decoded the assistant at a position the target already held: llama.cpp
     refused the batch ("llama_decode failed with code -1")."""
+    from gguf_tools.gguf_file import open_gguf
+    from mtp_cli.speed import profiles
     from mtp_cli.speed.bench import bench
     from mtp_cli.speed.tune import tune
 
-    b = bench(pair["target"], pair["assistant"], n_predict=8, repeats=1, n_threads=1)
+    b = bench(pair.target, pair.assistant, n_predict=8, repeats=1, n_threads=1)
     rows = {r.name: r for r in b.rows}
     for name in ("none", "mtp N=1", "mtp N=2", "mtp N=3", "mtp N=4", "auto", "adaptive"):
         assert rows[name].result is not None, name
     assert rows["mtp N=3"].result.stats.n_drafted > 0
-    t = tune(pair["target"], pair["assistant"], budget=3, n_max=2, n_threads=1, save=False, config_dir=tmp_path)
+    t = tune(pair.target, pair.assistant, budget=3, n_max=2, n_threads=1, save=True, config_dir=tmp_path)
     assert t.cost is not None and len(t.cost.verify) == 3 and t.best is not None
+    # the profile is the pair's: another assistant for the same target has none
+    other = write_gemma4_pair(tmp_path / "other", seed=1).assistant
+    key = lambda d: profiles.identify(open_gguf(pair.target), open_gguf(d), n_threads=1).key  # noqa: E731
+    assert profiles.find(key(pair.assistant), tmp_path) is not None
+    assert profiles.find(key(other), tmp_path) is None
+
+
+def _far_from_eos(p: Gemma4Pair, n: int) -> list[int]:
+    """BOS and n tokens of the target's cycle, the last of them at least 100 steps before EOS."""
+    e = p.order.index(EOS_ID)
+    return [BOS_ID] + [p.order[(e + 1 + i) % len(p.order)] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def partial(tmp_path_factory):
+    """Agrees on 70% of the tokens; the target's attention makes ~1/5 of its tokens context-dependent."""
+    return write_gemma4_pair(tmp_path_factory.mktemp("partial"), agree=0.7, context_mix=8.0)
+
+
+def test_a_partly_agreeing_assistant_drafts_from_its_own_state_and_keeps_plain_output(partial):
+    """Accepted and rejected drafts in one run, at every N; draft positions past the first (drafted
+    from the assistant's own token and post_projection state) are accepted too."""
+    with Runtime(partial.target, spec_type="mtp", draft_model=partial.assistant) as rt:
+        prompt = _far_from_eos(partial, 30)  # longer than the sliding window
+        ref = run(rt, prompt, greedy(n_predict=80, n_batch=8))
+        assert len(ref) == 80 and len(prompt) > SWA
+        for n in range(1, 9):
+            out = run(rt, prompt, greedy(n_predict=80, n_batch=8, spec_type="mtp", draft_n_max=n))
+            st = rt.stats
+            assert out == ref, n
+            assert 0 < st.n_accepted < st.n_drafted, (n, st.n_accepted, st.n_drafted)
+            if n >= 3:
+                assert st.accepted_at[1] > 0 and st.accepted_at[2] > 0, (n, st.accepted_at)
+
+
+def test_rollback_in_the_sliding_window_cache(pair):
+    """The random assistant's drafts are all rejected: every verify pass rolls its N positions back
+    out of the target's sliding-window and global caches, across many windows."""
+    with Runtime(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
+        prompt = rt.tokenize(" ".join(["the cat sat on the mat"] * 6))
+        assert len(prompt) > 2 * SWA
+        ref = run(rt, prompt, greedy(n_predict=64, n_batch=8))
+        for n in (1, 2, 5, 8):
+            assert run(rt, prompt, greedy(n_predict=64, n_batch=8, spec_type="mtp", draft_n_max=n)) == ref, n
+            assert rt.stats.n_drafted > 0 and rt.stats.n_accepted == 0
+
+
+def test_eos_inside_an_accepted_draft(tmp_path):
+    both = write_gemma4_pair(tmp_path, agree=1.0)
+    e, n = both.order.index(EOS_ID), len(both.order)
+    before = [both.order[(e - 8 + i) % n] for i in range(8)]  # EOS follows these
+    prompt = [BOS_ID, before[0]]
+    seen: list[tuple[int, list[int]]] = []
+    orig = MtpDrafter.accept
+
+    def spy(self, n_accepted, drafts):
+        seen.append((n_accepted, list(drafts)))
+        return orig(self, n_accepted, drafts)
+
+    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MtpDrafter, "accept", spy)
+        ref = run(rt, prompt, greedy())
+        assert ref == before[1:] and rt.stats.stop_reason == "eog"  # (EOS itself not emitted)
+        inside = 0
+        for n in range(1, 9):
+            seen.clear()
+            assert run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n)) == ref, n
+            assert rt.stats.stop_reason == "eog" and rt.stats.n_tokens == 7
+            a, drafts = seen[-1]
+            inside += EOS_ID in drafts[:a]  # EOS an accepted draft token, those after it dropped
+        assert inside >= 4
+
+
+def test_n_predict_ends_inside_a_draft(tmp_path):
+    both = write_gemma4_pair(tmp_path, agree=1.0)
+    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
+        prompt = _far_from_eos(both, 2)
+        ref = run(rt, prompt, greedy(n_predict=20))
+        for n_predict in range(0, 14):
+            assert run(rt, prompt, greedy(spec_type="mtp", draft_n_max=4, n_predict=n_predict)) == ref[:n_predict]
+            st = rt.stats
+            assert st.stop_reason == "n_predict" and st.n_tokens == n_predict
+            assert st.n_accepted == st.n_drafted  # drafts capped at what -n leaves
+
+
+def test_a_full_context(pair, partial):
+    n_ctx = 40
+    for p in (pair, partial):
+        with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+            prompt = _far_from_eos(p, 20) if p.order else rt.tokenize(PROMPT)
+            ref = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx))
+            assert rt.stats.stop_reason == "ctx_full" and len(ref) == n_ctx - len(prompt) + 1
+            for n in (1, 3, 6):
+                out = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx, spec_type="mtp", draft_n_max=n))
+                assert out == ref and rt.stats.stop_reason == "ctx_full", n
+
+
+def test_sampling_keeps_plain_samplings_distribution(tmp_path):
+    """The chi-square test of tests/test_sampling.py: the first three tokens of spec sampling with
+    the assistant against plain sampling (disjoint seeds), and a biased acceptance rule caught. The
+    bigram pair's top logit leads by ~10: temperature 8 spreads it (top-1 ~ 0.5)."""
+    bigram = write_gemma4_pair(tmp_path, agree=0.7)
+    sampling = {**SAMPLING, "temp": 8.0}
+    with Runtime(bigram.target, spec_type="mtp", draft_model=bigram.assistant) as rt:
+        prompt = _far_from_eos(bigram, 4)
+        plain = _sample_runs(rt, prompt, "none", range(0, 600), sampling=sampling)
+        accepted: list[int] = []
+        spec = _sample_runs(rt, prompt, "mtp", range(600, 1200), accepted, sampling)
+        assert 0.2 < np.mean(accepted) < 0.8, np.mean(accepted)  # (one draft a run: -n 3 leaves room for one)
+        ps = _p_values(plain, spec)
+        assert min(ps.values()) > SIG, ps
+
+        def biased(sampler, ctx, rows, drafts):
+            a = 0
+            while True:
+                s = sampler.sample(ctx, a, rows[a])
+                if a < len(drafts) and (s == drafts[a] or int(rows[a].argmax()) == drafts[a]):
+                    a += 1
+                    continue
+                return a, s
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Runtime, "_verify_sampled", staticmethod(biased))
+            wrong = _sample_runs(rt, prompt, "mtp", range(600, 1200), sampling=sampling)
+        assert min(_p_values(plain, wrong).values()) < SIG
+
+
+def test_an_assistant_for_another_target_is_one_line(pair, tmp_path):
+    """Width, global head size, vocabulary: named before llama.cpp sees the pair (a head size that
+    differs ran, reading the target's cache with the wrong stride)."""
+    cases = (
+        (
+            dict(target_width=128),
+            ModelFileError,
+            "embedding_length_out = 128, and the target's gemma4.embedding_length = 64",
+        ),
+        (dict(assistant_dg=16), ModelFileError, "key_length = 16, and the target's gemma4.attention.key_length = 32"),
+        (dict(assistant_extra_tokens=200), VocabMismatchError, "n_vocab 500 vs 300"),
+    )
+    for kw, err, line in cases:
+        other = write_gemma4_pair(tmp_path, **kw).assistant
+        with pytest.raises(err, match=line):
+            Runtime(pair.target, spec_type="mtp", draft_model=other)
+    with pytest.raises(ModelFileError, match="reads the target's memory: use it with spec_type mtp"):
+        Runtime(pair.target, spec_type="draft", draft_model=pair.assistant)

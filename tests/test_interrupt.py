@@ -85,6 +85,31 @@ def test_ctrl_c_during_start_up_imports_is_one_line_and_130(module):
     assert (r.returncode, r.stderr) == (130, "interrupted\n")
 
 
+_IN_A_CALLBACK = """
+import builtins, sys, weakref
+real, done = builtins.__import__, []
+def hook(name, *a, **k):
+    if name.split(".")[0] == "rich" and not done:  # a weakref callback interrupted, as importlib's can be
+        done.append(1)
+        class Obj: pass
+        def cb(_):
+            raise KeyboardInterrupt
+        o = Obj(); ref = weakref.ref(o, cb); del o
+    return real(name, *a, **k)
+builtins.__import__ = hook
+sys.argv = ["mtp-cli", "--help"]
+from mtp_cli.__main__ import main
+main()
+"""
+
+
+def test_ctrl_c_inside_a_callback_is_one_line_and_130_too():
+    """Python cannot raise from a weakref callback: it printed "Exception ignored in ..." with a
+    traceback and went on (a real SIGINT landed there once in the test below)."""
+    r = subprocess.run([sys.executable, "-c", _IN_A_CALLBACK], capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (130, "interrupted\n")
+
+
 _READY_THEN_RUN = """
 import sys
 from mtp_cli.__main__ import main  # what the console script does first

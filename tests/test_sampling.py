@@ -81,13 +81,30 @@ N_SEEDS = 600
 SIG = 1e-3
 
 
-def _sample_runs(rt: Runtime, prompt: list[int], spec: str, seeds: range) -> list[tuple[int, ...]]:
+def _sample_runs(
+    rt: Runtime,
+    prompt: list[int],
+    spec: str,
+    seeds: range,
+    accepted: list[int] | None = None,
+    sampling: dict | None = None,
+) -> list[tuple[int, ...]]:
+    """The first three tokens for each seed; `accepted` gets each run's count of accepted drafts."""
     out = []
     for seed in seeds:
         cfg = GenConfig(
-            n_predict=3, n_ctx=64, n_batch=32, n_threads=THREADS, spec_type=spec, draft_n_max=2, seed=seed, **SAMPLING
+            n_predict=3,
+            n_ctx=64,
+            n_batch=32,
+            n_threads=THREADS,
+            spec_type=spec,
+            draft_n_max=2,
+            seed=seed,
+            **(sampling or SAMPLING),
         )
         out.append(tuple(ev.token for ev in rt.generate(prompt, cfg)))
+        if accepted is not None:
+            accepted.append(rt.stats.n_accepted)
     return out
 
 

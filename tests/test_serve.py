@@ -415,3 +415,26 @@ def test_the_servers_own_n_predict_is_clamped_to_the_room_left(tiny):
     finally:
         s.close()
         engine.close()
+
+
+def test_the_gemma4_assistant_serves(tmp_path):
+    """`serve -m TARGET -md ASSISTANT`: the agreeing tiny pair's drafts are all accepted, and the
+    text is plain decoding's."""
+    from mtp_cli.runtime import Runtime
+    from tests.gemma4_pair import write_gemma4_pair
+
+    pair = write_gemma4_pair(tmp_path, agree=1.0)
+    with Runtime(pair.target) as rt:
+        want = "".join(
+            ev.text for ev in rt.generate(rt.tokenize("the cat"), GenConfig(n_predict=6, temp=0.0, n_threads=1))
+        )
+    base = GenConfig(spec_type="mtp", draft_model=str(pair.assistant), draft_n_max=3, n_ctx=N_CTX, n_threads=1)
+    engine = Engine.load(pair.target, base, 3)
+    s = Served(engine.start())
+    try:
+        r = s.client().completions.create(model=pair.target.name, prompt="the cat", temperature=0, max_tokens=6)
+        mtp = r.model_extra["mtp"]
+        assert r.choices[0].text == want and mtp["drafted"] == mtp["accepted"] > 0, (r.choices[0].text, want, mtp)
+    finally:
+        s.close()
+        engine.close()

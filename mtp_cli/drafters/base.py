@@ -42,6 +42,11 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import VocabMismatchError
 
+# A drafter's decode reads one output row (the draft row; catch-up rows have none): its context
+# reserves room for one, as llama.cpp's own draft contexts do (common/speculative.cpp:2480,
+# n_outputs_max = n_parallel). The default (n_batch rows of logits) costs n_batch x n_vocab floats.
+DRAFT_N_OUTPUTS = 1
+
 _now = time.perf_counter
 
 # (file, role, load_mtp) -> the loaded model, owned and freed by the runtime; failures are

@@ -13,9 +13,10 @@ from typing import Optional
 import numpy as np
 
 from gguf_tools.gguf_file import GGUFFile
+from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.base import ContextPlan, Drafter, Loader, Models, check_same_vocab
+from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, Loader, Models, check_same_vocab
 from mtp_cli.errors import ConfigError, ModelFileError
 from mtp_cli.sampling import ConfidenceProbe
 
@@ -43,7 +44,9 @@ class ModelDrafter(Drafter):
     ):
         super().__init__()
         self.model = model
-        self.ctx = lx.create_context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv=kv)
+        self.ctx = lx.create_context(
+            model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv=kv, n_outputs_max=DRAFT_N_OUTPUTS
+        )
         self.n_vocab = lx.n_vocab(model)
         self.n_vocab_target = int(n_vocab_target)
         self.recurrent = lx.model_has_recurrent_state(model)
@@ -61,6 +64,11 @@ class ModelDrafter(Drafter):
             raise ConfigError("spec type draft needs a draft model (`draft_model`)")
         if draft.is_mtp_sidecar:
             raise ModelFileError(f"`draft_model` {draft.path.name} is an MTP-only sidecar: use it with `spec_type` mtp")
+        if draft.arch in ASSISTANT_ARCHS:  # (llama.cpp asserts: the assistant's graph needs the target's context)
+            raise ModelFileError(
+                f"`draft_model` {draft.path.name} is a {draft.arch} drafter, which reads the target's memory: "
+                "use it with `spec_type` mtp (llama.cpp's draft-mtp)"
+            )
 
     @classmethod
     def load_draft(cls, models: Models, load: Loader) -> None:

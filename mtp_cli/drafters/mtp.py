@@ -22,11 +22,18 @@ from typing import Optional
 import numpy as np
 
 from gguf_tools.gguf_file import GGUFFile
+from gguf_tools.loadable.assistant import assistant_problem
+from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.base import ContextPlan, Drafter, Loader, Models, check_same_vocab
+from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, Loader, Models, check_same_vocab
 from mtp_cli.errors import LlamaError, ModelFileError, NoMtpHeadError
 from mtp_cli.sampling import ConfidenceProbe
+
+# A memory-sharing drafter (gemma4-assistant) decodes one row at a time and never catches up: a
+# one-row batch keeps its compute buffer small (the attention mask grows as n_ctx x n_batch: at
+# n_ctx 131072 the tiny pair's is 256 MiB at n_batch 512, 0.5 MiB at 1).
+SHARED_N_BATCH = 1
 
 _now = time.perf_counter
 
@@ -66,6 +73,7 @@ class MtpDrafter(Drafter):
             kv=kv,
             ctx_type=lx.CTX_TYPE_MTP,
             ctx_other=target_ctx,
+            n_outputs_max=DRAFT_N_OUTPUTS,
             n_rs_seq=0,
         )
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
@@ -75,6 +83,9 @@ class MtpDrafter(Drafter):
         self.n_vocab_target = int(n_vocab_target)
         other = lx.get_ctx_other(self.ctx)
         self.mem_shared = other is not None and lx.addr(other) == lx.addr(target_ctx)
+        if lx.n_batch(self.ctx) < 2 and not self.mem_shared:  # (catch-up needs room for two rows)
+            lx.free_context(self.ctx)
+            raise LlamaError("llama.cpp made the assistant's context without the target's memory")
         self.n_ctx = lx.n_ctx(self.ctx)
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
         self.chain = self.n_heads > 1 and not self.mem_shared
@@ -103,6 +114,10 @@ class MtpDrafter(Drafter):
                 f"`draft_model` {draft.path.name} has no MTP head (nextn_predict_layers = 0): for `spec_type` mtp "
                 "it must be an MTP sidecar (`mtp-cli extract`); a plain small model drafts with `spec_type` draft"
             )
+        if draft is not None and draft.arch in ASSISTANT_ARCHS:
+            why = assistant_problem(target.scan, draft.scan)
+            if why:
+                raise ModelFileError(f"`draft_model` {draft.path.name} does not fit {target.path.name}: {why}")
 
     @classmethod
     def target_loads_head(cls, draft: Optional[GGUFFile]) -> bool:
@@ -123,11 +138,12 @@ class MtpDrafter(Drafter):
 
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> MtpDrafter:
+        shared = models.draft_file is not None and models.draft_file.arch in ASSISTANT_ARCHS
         return cls(
             models.drafting,
             plan.target,
             n_ctx=plan.n_ctx,
-            n_batch=plan.n_batch,
+            n_batch=SHARED_N_BATCH if shared else plan.n_batch,
             n_threads=plan.n_threads,
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
