@@ -18,7 +18,7 @@ the tokens (`agreeing`) and another token for the rest. Acceptance and rollback 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gguf
@@ -31,7 +31,7 @@ from tests.factory import BOS_ID, EOS_ID, UNK_ID, tiny_vocab
 class Dims:
     n_embd: int = 64
     n_head: int = 4
-    n_head_kv: int = 2
+    n_head_kv: int | None = 2  # None: no head_count_kv key (llama.cpp then takes head_count)
     n_ff: int = 128
     head: int = 16  # head size of the sliding-window blocks
     head_global: int = 32  # of the global blocks
@@ -83,7 +83,8 @@ def _common(w: gguf.GGUFWriter, dims: Dims, n_embd: int, pattern: tuple[bool, ..
     w.add_block_count(len(pattern))
     w.add_feed_forward_length(dims.n_ff)
     w.add_head_count(dims.n_head)
-    w.add_head_count_kv(dims.n_head_kv)
+    if dims.n_head_kv is not None:
+        w.add_head_count_kv(dims.n_head_kv)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(dims.swa)
     w.add_key_length(dg)
@@ -127,8 +128,9 @@ def _block(w: gguf.GGUFWriter, mat, i: int, dims: Dims, b: _Block) -> None:
     w.add_tensor(p + "attn_norm.weight", ones(e))
     w.add_tensor(p + "attn_q.weight", mat(dims.n_head * hd, e))
     if b.kv:
-        w.add_tensor(p + "attn_k.weight", mat(dims.n_head_kv * hd, e))
-        w.add_tensor(p + "attn_v.weight", mat(dims.n_head_kv * hd, e))
+        kv = dims.n_head_kv or dims.n_head
+        w.add_tensor(p + "attn_k.weight", mat(kv * hd, e))
+        w.add_tensor(p + "attn_v.weight", mat(kv * hd, e))
         w.add_tensor(p + "attn_k_norm.weight", ones(hd))
     w.add_tensor(p + "layer_output_scale.weight", ones(1))
     w.add_tensor(p + "attn_output.weight", mat(e, dims.n_head * hd))
@@ -153,8 +155,11 @@ def _structure(rng, n_vocab: int, agree: float) -> tuple[list[int], frozenset[in
     agreeing = frozenset(t for t in order if rng.random() < agree)
     wrong = [t for t in order if t not in agreeing]
     mapped = {t: nxt[t] for t in agreeing}
+    if len(wrong) == 1:  # (no derangement of one token: it agrees)
+        agreeing, wrong = agreeing | set(wrong), []
+        mapped.update((t, nxt[t]) for t in agreeing)
     for i, t in enumerate(wrong):  # a derangement of the rest: never the true successor
-        mapped[t] = nxt[wrong[(i + 1) % len(wrong)]] if len(wrong) > 1 else nxt[t]
+        mapped[t] = nxt[wrong[(i + 1) % len(wrong)]]
     succ = np.arange(n_vocab)
     for t, s in mapped.items():
         succ[t] = s
@@ -175,9 +180,11 @@ def write_gemma4_pair(
     assistant_extra_tokens: int = 0,
     context_mix: float = 0.0,
     dims: Dims = TINY,
+    assistant_kv_heads: int | None = None,
 ) -> Gemma4Pair:
-    """The pair in `folder`. `target_width`, `assistant_dg` and `assistant_extra_tokens` other than
-    the defaults write an assistant for another target (its width, global head size, vocabulary).
+    """The pair in `folder`. `target_width`, `assistant_dg`, `assistant_extra_tokens` and
+    `assistant_kv_heads` other than the defaults write an assistant for another target (its width,
+    global head size, vocabulary, KV heads).
     `context_mix` (structured pairs): the target's attention adds a vector of this RMS to each block's
     residual (the token embedding's is 8), so that some of its tokens depend on the context and a
     wrong rollback of its cache shows in the output."""
@@ -185,11 +192,13 @@ def write_gemma4_pair(
     width, dg = target_width or dims.n_embd, assistant_dg or dims.head_global
     n_vocab, a_e = dims.n_vocab, dims.assistant_embd
     folder.mkdir(parents=True, exist_ok=True)
-    tag = f"{dims.n_embd}-{seed}" + ("" if agree is None else f"-agree{agree}-mix{context_mix}")
-    other = (width, dg, assistant_extra_tokens) != (dims.n_embd, dims.head_global, 0)
+    tag = f"{dims.n_embd}-{dims.n_head_kv}-{seed}" + ("" if agree is None else f"-agree{agree}-mix{context_mix}")
+    a_dims = dims if assistant_kv_heads is None else replace(dims, n_head_kv=assistant_kv_heads)
+    mine = (width, dg, assistant_extra_tokens, a_dims.n_head_kv)
+    other = mine != (dims.n_embd, dims.head_global, 0, dims.n_head_kv)
     pair = Gemma4Pair(
         folder / f"gemma4-{tag}.gguf",
-        folder / f"gemma4-assistant-{tag}{f'-for-{width}-{dg}-{assistant_extra_tokens}' if other else ''}.gguf",
+        folder / f"gemma4-assistant-{tag}{'-for-' + '-'.join(map(str, mine)) if other else ''}.gguf",
     )
     post = 1.0 if agree is None else 0.0
     embd = mat(n_vocab, dims.n_embd, std=1.0)
@@ -218,7 +227,7 @@ def write_gemma4_pair(
 
     a = "gemma4-assistant"
     w = gguf.GGUFWriter(str(pair.assistant), a)
-    _common(w, dims, a_e, dims.assistant_pattern, dg, n_vocab + assistant_extra_tokens)
+    _common(w, a_dims, a_e, dims.assistant_pattern, dg, n_vocab + assistant_extra_tokens)
     w.add_shared_kv_layers(len(dims.assistant_pattern))
     w.add_embedding_length_per_layer_input(0)
     w.add_embedding_length_out(width)

@@ -139,7 +139,8 @@ def test_a_partly_agreeing_assistant_drafts_from_its_own_state_and_keeps_plain_o
 
 def test_rollback_in_the_sliding_window_cache(pair):
     """The random assistant's drafts are all rejected: every verify pass rolls its N positions back
-    out of the target's sliding-window and global caches, across many windows."""
+    out of the target's sliding-window and global caches, the prompt and output many windows long.
+    (The caches are llama.cpp's default swa_full: n_ctx cells, so a window is a mask, no cell reused.)"""
     with Runtime(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
         prompt = rt.tokenize(" ".join(["the cat sat on the mat"] * 6))
         assert len(prompt) > 2 * SWA
@@ -184,7 +185,9 @@ def test_n_predict_ends_inside_a_draft(tmp_path):
             assert run(rt, prompt, greedy(spec_type="mtp", draft_n_max=4, n_predict=n_predict)) == ref[:n_predict]
             st = rt.stats
             assert st.stop_reason == "n_predict" and st.n_tokens == n_predict
-            assert st.n_accepted == st.n_drafted  # drafts capped at what -n leaves
+            # every draft kept and none wasted: each pass drafts only what -n leaves (an uncapped last
+            # pass would draft and keep more than that, the surplus cut off)
+            assert st.n_accepted == st.n_drafted and st.n_drafted + st.n_verify == max(0, n_predict - 1)
 
 
 def test_a_full_context(pair, partial):
@@ -240,6 +243,13 @@ def test_an_assistant_for_another_target_is_one_line(pair, tmp_path):
         ),
         (dict(assistant_dg=16), ModelFileError, "key_length = 16, and the target's gemma4.attention.key_length = 32"),
         (dict(assistant_extra_tokens=200), VocabMismatchError, "n_vocab 500 vs 300"),
+        # (4 aborted inside llama.cpp, reading past the target's cache; 1 read it at the wrong stride)
+        (
+            dict(assistant_kv_heads=4),
+            ModelFileError,
+            "head_count_kv = 4 at block 0, and the target's .* = 2 at block 2",
+        ),
+        (dict(assistant_kv_heads=1), ModelFileError, "head_count_kv = 1 at block 0"),
     )
     for kw, err, line in cases:
         other = write_gemma4_pair(tmp_path, **kw).assistant
@@ -247,3 +257,35 @@ def test_an_assistant_for_another_target_is_one_line(pair, tmp_path):
             Runtime(pair.target, spec_type="mtp", draft_model=other)
     with pytest.raises(ModelFileError, match="reads the target's memory: use it with spec_type mtp"):
         Runtime(pair.target, spec_type="draft", draft_model=pair.assistant)
+
+
+def test_head_count_kv_left_out_means_head_count_as_in_llama_cpp(tmp_path):
+    """Neither file says head_count_kv (llama.cpp reads head_count for it): the pair fits."""
+    from dataclasses import replace
+
+    from tests.gemma4_pair import TINY
+
+    p = write_gemma4_pair(tmp_path, dims=replace(TINY, n_head_kv=None))
+    with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+        prompt = rt.tokenize(PROMPT)
+        ref = run(rt, prompt, greedy(n_predict=16))
+        assert run(rt, prompt, greedy(n_predict=16, spec_type="mtp", draft_n_max=3)) == ref
+        assert rt.stats.n_drafted > 0
+
+
+def test_generate_takes_llama_cpps_spelling_draft_mtp(tmp_path):
+    """`generate -m TARGET -md ASSISTANT --spec-type draft-mtp` (llama.cpp's name) and `mtp` alike."""
+    import json
+
+    both = write_gemma4_pair(tmp_path, agree=0.7)
+
+    def gen(*extra: str) -> dict:
+        args = ["generate", "-m", str(both.target), "-p", "the cat", "-n", "24", "--temp", "0", "-t", "1", "--json"]
+        r = CliRunner().invoke(main, [*args, *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    plain = gen()
+    for spec in ("mtp", "draft-mtp"):
+        out = gen("-md", str(both.assistant), "--spec-type", spec, "--spec-draft-n-max", "3")
+        assert out["text"] == plain["text"] and out["stats"]["n_accepted"] > 0, spec

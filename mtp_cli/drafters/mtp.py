@@ -84,8 +84,11 @@ class MtpDrafter(Drafter):
         other = lx.get_ctx_other(self.ctx)
         self.mem_shared = other is not None and lx.addr(other) == lx.addr(target_ctx)
         if lx.n_batch(self.ctx) < 2 and not self.mem_shared:  # (catch-up needs room for two rows)
+            n = lx.n_batch(self.ctx)
             lx.free_context(self.ctx)
-            raise LlamaError("llama.cpp made the assistant's context without the target's memory")
+            raise LlamaError(
+                f"the MTP context has a {n}-row batch and no share of the target's memory: it cannot catch up"
+            )
         self.n_ctx = lx.n_ctx(self.ctx)
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
         self.chain = self.n_heads > 1 and not self.mem_shared
