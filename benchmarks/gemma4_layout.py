@@ -94,19 +94,7 @@ def write_hf(folder: Path) -> dict[str, Path]:
     Gemma4AssistantForCausalLM(cfg).save_pretrained(out["assistant"])
     for p in out.values():
         hf_tokenizer(p)
-        _global_dims(p / "config.json")
     return out
-
-
-def _global_dims(config: Path) -> None:
-    """Google's config.json files say global_head_dim outright; this transformers saves only an empty
-    per_layer_config in its place, which would then override it."""
-    c = json.loads(config.read_text())
-    text = c.get("text_config", c)
-    text.pop("per_layer_config", None)
-    text["global_head_dim"] = TINY.head_global
-    text["num_global_key_value_heads"] = TINY.n_head_kv
-    config.write_text(json.dumps(c, indent=2))
 
 
 def convert(llama_cpp: Path, hf: Path, gguf_path: Path) -> None:
