@@ -41,6 +41,7 @@ class Dims:
     per_layer: int = 8  # per-layer input width (E2B/E4B have them; an assistant never does)
     n_vocab: int = len(tiny_vocab()[0])  # the tiny vocabulary, padded with user-defined tokens
     swa: int = 16  # sliding window
+    shared_kv: int = 0  # the target's last blocks that reuse an earlier block's KV (E2B's do)
 
 
 TINY = Dims()
@@ -204,7 +205,7 @@ def write_gemma4_pair(
     embd = mat(n_vocab, dims.n_embd, std=1.0)
     w = gguf.GGUFWriter(str(pair.target), "gemma4")
     _common(w, dims, dims.n_embd, dims.pattern, dims.head_global, n_vocab)
-    w.add_shared_kv_layers(0)
+    w.add_shared_kv_layers(dims.shared_kv)
     w.add_embedding_length_per_layer_input(dims.per_layer)
     w.add_tensor("token_embd.weight", embd)
     if agree is not None:

@@ -289,3 +289,22 @@ def test_generate_takes_llama_cpps_spelling_draft_mtp(tmp_path):
     for spec in ("mtp", "draft-mtp"):
         out = gen("-md", str(both.assistant), "--spec-type", spec, "--spec-draft-n-max", "3")
         assert out["text"] == plain["text"] and out["stats"]["n_accepted"] > 0, spec
+
+
+def test_a_target_whose_last_blocks_reuse_earlier_kv(tmp_path):
+    """E2B-style KV sharing: the target's blocks 2-3 reuse blocks 0-1's cache, and the assistant's
+    reads are redirected there (llama.cpp's reuse callback); the pair fits and keeps plain output."""
+    from dataclasses import replace
+
+    from tests.gemma4_pair import TINY
+
+    for agree in (None, 1.0):
+        p = write_gemma4_pair(
+            tmp_path, agree=agree, dims=replace(TINY, pattern=(True, False, True, False), shared_kv=2)
+        )
+        with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+            prompt = rt.tokenize(PROMPT)
+            ref = run(rt, prompt, greedy(n_predict=24))
+            for n in (1, 3, 6):
+                assert run(rt, prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=n)) == ref, (agree, n)
+            assert rt.stats.n_drafted > 0 and (agree is None or rt.stats.acceptance == 1.0)
