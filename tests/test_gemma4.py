@@ -20,7 +20,7 @@ from mtp_cli.runtime import Runtime
 from tests.factory import BOS_ID, EOS_ID
 from tests.gemma4_pair import SWA, Gemma4Pair, write_gemma4_pair
 from tests.parity import PROMPT, greedy, run
-from tests.test_sampling import SAMPLING, SIG, _p_values, _sample_runs
+from tests.test_sampling import SAMPLING, SIG, _p_values, _sample_runs, biased_verify
 
 
 @pytest.fixture(scope="module")
@@ -217,17 +217,8 @@ def test_sampling_keeps_plain_samplings_distribution(tmp_path):
         ps = _p_values(plain, spec)
         assert min(ps.values()) > SIG, ps
 
-        def biased(sampler, ctx, rows, drafts):
-            a = 0
-            while True:
-                s = sampler.sample(ctx, a, rows[a])
-                if a < len(drafts) and (s == drafts[a] or int(rows[a].argmax()) == drafts[a]):
-                    a += 1
-                    continue
-                return a, s
-
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Runtime, "_verify_sampled", staticmethod(biased))
+            mp.setattr(Runtime, "_verify_sampled", staticmethod(biased_verify))
             wrong = _sample_runs(rt, prompt, "mtp", range(600, 1200), sampling=sampling)
         assert min(_p_values(plain, wrong).values()) < SIG
 

@@ -108,6 +108,18 @@ def _sample_runs(
     return out
 
 
+def biased_verify(sampler, ctx, rows, drafts) -> tuple[int, int]:
+    """A classic mistake in place of verify_sampled: a draft token is kept whenever it is the
+    target's most likely token (instead of only when it equals the target's sample)."""
+    a = 0
+    while True:
+        s = sampler.sample(ctx, a, rows[a])
+        if a < len(drafts) and (s == drafts[a] or int(rows[a].argmax()) == drafts[a]):
+            a += 1
+            continue
+        return a, s
+
+
 def _p_values(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> dict[str, float]:
     ps = {f"pos{i + 1}": two_sample_chi2([t[i] for t in x], [t[i] for t in y])[2] for i in range(3)}
     ps["joint23"] = two_sample_chi2([t[1:] for t in x], [t[1:] for t in y])[2]
@@ -158,19 +170,9 @@ def test_sampling_test_detects_a_biased_acceptance_rule(sampling_rt):
     most likely token (instead of only when it equals the target's sample)."""
     rt = sampling_rt
     prompt = rt.tokenize(PROMPT)
-
-    def biased(sampler, ctx, rows, drafts):
-        a = 0
-        while True:
-            s = sampler.sample(ctx, a, rows[a])
-            if a < len(drafts) and (s == drafts[a] or int(rows[a].argmax()) == drafts[a]):
-                a += 1
-                continue
-            return a, s
-
     plain = _sample_runs(rt, prompt, "none", range(0, N_SEEDS))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Runtime, "_verify_sampled", staticmethod(biased))
+        mp.setattr(Runtime, "_verify_sampled", staticmethod(biased_verify))
         spec = _sample_runs(rt, prompt, "mtp", range(N_SEEDS, 2 * N_SEEDS))
     ps = _p_values(plain, spec)
     SUMMARY.append("biased rule chi-square: " + ", ".join(f"{k} p={v:.2g}" for k, v in ps.items()))
