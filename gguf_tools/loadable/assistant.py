@@ -22,10 +22,8 @@ def _head_size(h: Header, swa: bool) -> int:
 
 
 def _kv_heads(h: Header, il: int) -> int:
-    """Block il's KV heads as llama.cpp reads them: head_count_kv, defaulting to head_count."""
-    key = "attention.head_count_kv" if h.has("attention.head_count_kv") else "attention.head_count"
-    arr = h.per_layer(key)
-    return arr[il] if il < len(arr) else 0
+    kv = h.kv_heads()
+    return kv[il] if il < len(kv) else 0
 
 
 def _pattern(h: Header, n: int) -> list[bool]:

@@ -86,6 +86,13 @@ class Header:
             return arr
         return [self.u32(name, default)] * max(self.n_layers, 1)
 
+    def kv_heads(self) -> list[int]:
+        """head_count_kv per layer as llama.cpp reads it: absent, a copy of head_count
+        (src/llama-model.cpp:1402-1404)."""
+        return self.per_layer(
+            "attention.head_count_kv" if self.has("attention.head_count_kv") else "attention.head_count"
+        )
+
     @property
     def n_layers(self) -> int:
         return self.u32("block_count")

@@ -58,9 +58,7 @@ def experts(h: Header) -> Iterator[Problem]:
 
 @check
 def attention(h: Header) -> Iterator[Problem]:
-    heads, kv = h.per_layer("attention.head_count"), h.per_layer("attention.head_count_kv")
-    if not h.has("attention.head_count_kv") and h.ints("attention.head_count_kv") is None:
-        kv = heads  # src/llama-model.cpp:1402-1404: a copy of head_count
+    heads, kv = h.per_layer("attention.head_count"), h.kv_heads()
     recr = recurrent_blocks(h) if h.arch in _SSM else None
     for il, (a, b) in enumerate(zip(heads, kv)):
         if recr is not None and il < len(recr) and recr[il]:
