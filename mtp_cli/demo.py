@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from gguf_tools.names import OWN_OUTPUT, nextn_name
 from gguf_tools.own_output import own_output_tensor
 from gguf_tools.surgery import PackOptions, plan_extract
 from mtp_cli.errors import DemoError
+from mtp_cli.user_cache import cache_dir
 
 DATA = Path(__file__).parent / "data"
 DEMO_HEAD = DATA / "smollm2-135m-instruct.mtp-head.gguf"
@@ -33,14 +33,6 @@ DEMO_PROMPT = "Write a short email to my neighbour inviting her to a barbecue on
 OWN_OUTPUT_TYPE = "q4_0"  # measured: halves the draft step against the trunk's tied Q8_0 output
 
 Progress = Callable[[int, int], None]
-
-
-def cache_dir() -> Path:
-    """$MTP_CLI_CACHE, else $XDG_CACHE_HOME/mtp-cli, else ~/.cache/mtp-cli."""
-    if os.environ.get("MTP_CLI_CACHE"):
-        return Path(os.environ["MTP_CLI_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mtp-cli"
 
 
 def source_model() -> Path:

@@ -26,9 +26,9 @@ from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import require_loadable
 from gguf_tools.loadable.kv_cache import kv_cache_problem
 from gguf_tools.names import ASSISTANT_ARCHS
-from mtp_cli import drafters
+from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, Placement
 from mtp_cli.drafters import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.loop import VerifyLoop
@@ -98,11 +98,14 @@ class Runtime:
         draft_model: Optional[str | os.PathLike[str]] = None,
         n_gpu_layers: int = -1,
         load_mode: str = "auto",
+        placement: Placement = Placement(),
         quiet: bool = True,
     ):
         spec = drafters.get(spec_type)
         if quiet:
             lx.quiet_logs()
+        cpu_check.ensure(placement.repack)  # before the first load: weights never go where llama.cpp crashes
+        self.placement = placement
         self.model_path = Path(model_path)
         self.draft_path = Path(draft_model) if draft_model else None
         self.spec = spec  # the drafter class it was loaded for
@@ -143,13 +146,22 @@ class Runtime:
             draft_model=cfg.draft_model,
             n_gpu_layers=cfg.n_gpu_layers,
             load_mode=cfg.load_mode,
+            placement=cfg.placement,
             quiet=quiet,
         )
 
     def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.ModelPtr:
         try:
             t0 = time.perf_counter()
-            model = lx.load_model(gf, load_mtp=load_mtp, n_gpu_layers=self.n_gpu_layers, load_mode=self.load_mode)
+            overrides, devices = self.placement.of(draft=role != "model")
+            model = lx.load_model(
+                gf,
+                load_mtp=load_mtp,
+                n_gpu_layers=self.n_gpu_layers,
+                load_mode=self.load_mode,
+                overrides=overrides,
+                devices=devices,
+            )
             log.info(
                 "%s: loaded %s (%s, %.1f MB%s) in %.2f s",
                 role,

@@ -37,6 +37,19 @@ def quiet_logs():
     logging.getLogger("mtp_cli").setLevel(logging.ERROR)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def safe_buffers(tmp_path_factory, quiet_logs):
+    """The CPU self-check before any test loads a model (tests load with llama_ext directly too),
+    its cache in a folder of the session's; and torch runs in this process (the train tests), so
+    ggml's AMX path never does."""
+    from mtp_cli import cpu_check
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MTP_CLI_CACHE", str(tmp_path_factory.mktemp("cpu-check")))
+        cpu_check.torch_in_process()
+        cpu_check.ensure()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """tiny_models(arch, weights="structured", dtype="f32", **overrides) -> {"full","trunk","sidecar"}, cached.

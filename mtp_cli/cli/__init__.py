@@ -8,12 +8,13 @@
     speed.py      tune, bench
     serve.py      serve (the OpenAI-compatible server)
     train.py      train
+    doctor.py     doctor (the build, the CPU self-check)
 
 Command modules import the library's llama.cpp-bound parts inside the commands, so `mtp-cli
 --help` and the GGUF commands never load llama.cpp.
 """
 
-from mtp_cli.cli import files, generate, serve, speed, train  # noqa: F401  (each registers its commands)
+from mtp_cli.cli import doctor, files, generate, serve, speed, train  # noqa: F401  (each registers its commands)
 from mtp_cli.cli.app import main
 
 __all__ = ["main"]

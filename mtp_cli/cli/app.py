@@ -124,6 +124,9 @@ def version_text() -> str:
         found = [f"{d.name} ({d.description}, {d.memory_total / 2**30:.1f} GiB)" for d in lx.devices()]
         lines.append(f"devices: {', '.join(found) or 'none found'}")
         lines.append(f"llama.cpp system: {lx.system_info().strip()}")
+        from mtp_cli.cpu_check import summary_lines
+
+        lines.extend(summary_lines())
     return "\n".join(lines)
 
 

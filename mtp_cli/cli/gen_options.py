@@ -12,7 +12,7 @@ from click.core import ParameterSource
 
 from gguf_tools.errors import spelled
 from mtp_cli.cli.app import MtpCommand
-from mtp_cli.cli.llama_flags import load_mode_of
+from mtp_cli.cli.llama_flags import load_mode_of, placement_of
 from mtp_cli.cli.options import stack
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
 
@@ -128,6 +128,7 @@ def gen_config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
     if opts["seed"] == -1 and opts["temp"] > 0:
         opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
     load_mode_of(opts)
+    opts["placement"] = placement_of(opts)
     draft_n = parse_draft_n(opts["draft_n_max"])
     opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
     opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None

@@ -14,7 +14,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
 
 
 @main.command()
@@ -47,6 +47,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
     help="Chat in the terminal, turn after turn, with the chat template (-sys, -p: the first turn).",
 )
 @kv_and_sampling
+@placement
 @llama_compat
 def generate(
     model: Path | None,

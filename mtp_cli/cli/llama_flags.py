@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from mtp_cli.cli.options import stack
-from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES
+from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES, Placement, parse_devices, parse_overrides
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
 LLAMA_ENV = {
@@ -36,6 +36,9 @@ LLAMA_ENV = {
     "cache_type_v": "LLAMA_ARG_CACHE_TYPE_V",
     "load_mode": "LLAMA_ARG_LOAD_MODE",
     "repeat_penalty": "LLAMA_ARG_REPEAT_PENALTY",
+    "repack": "LLAMA_ARG_REPACK",
+    "override_tensor": "LLAMA_ARG_OVERRIDE_TENSOR",
+    "device": "LLAMA_ARG_DEVICE",
 }
 
 # llama.cpp flags a model-running command may lack: (spellings, takes a value); each command
@@ -117,6 +120,48 @@ kv_and_sampling = stack(
 )
 
 
+# where weights go, for every command that loads a model (llama.cpp's spellings and variables)
+placement = stack(
+    click.option(
+        "--repack/--no-repack",
+        " /-nr",
+        "repack",
+        default=None,
+        help="Use the CPU's extra buffer types (AMX, repacked weights) or not [default: what the CPU "
+        "self-check found safe; `mtp-cli doctor`].",
+    ),
+    click.option(
+        "-ot",
+        "--override-tensor",
+        "override_tensor",
+        metavar="PATTERN=BUFT,...",
+        help="Put the target's tensors matching a pattern in a buffer type (CPU, CUDA0, ...).",
+    ),
+    click.option("-dev", "--device", "device", metavar="DEV,...", help="Devices to offload the target to (or none)."),
+    click.option(
+        "-otd",
+        "--override-tensor-draft",
+        "override_tensor_draft",
+        metavar="PATTERN=BUFT,...",
+        help="-ot for the draft model.",
+    ),
+    click.option(
+        "-devd", "--device-draft", "device_draft", metavar="DEV,...", help="-dev for the draft [default: -dev]."
+    ),
+)
+
+
+def placement_of(opts: dict[str, Any]) -> Placement:
+    """The Placement the placement options say (taken out of opts); a malformed one is a ConfigError."""
+    return Placement(
+        repack=opts.pop("repack", None),
+        override_tensor=parse_overrides(opts.pop("override_tensor", None), "override_tensor"),
+        device=parse_devices(opts.pop("device", None), "device"),
+        override_tensor_draft=parse_overrides(opts.pop("override_tensor_draft", None), "override_tensor_draft"),
+        device_draft=parse_devices(opts.pop("device_draft", None), "device_draft"),
+    )
+
+
 def load_mode_of(opts: dict[str, Any]) -> None:
     """Fold the old spellings --no-mmap / --mlock into opts["load_mode"] (they win over -lm's default)."""
     no_mmap, mlock = opts.pop("no_mmap", False), opts.pop("mlock", False)
@@ -158,6 +203,8 @@ __all__ = [
     "UNSUPPORTED",
     "kv_and_sampling",
     "load_mode_of",
+    "placement",
+    "placement_of",
     "with_llama_env",
     "llama_compat",
     "settle_refusals",

@@ -13,7 +13,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
 
 
 @main.command()
@@ -52,6 +52,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat
 @go.sampling
 @go.drafting
 @kv_and_sampling
+@placement
 @llama_compat
 def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: str | None, **opts: Any) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health),

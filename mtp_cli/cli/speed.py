@@ -14,7 +14,7 @@ from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
 from mtp_cli.cli.demo_model import demo_file
-from mtp_cli.cli.llama_flags import llama_compat
+from mtp_cli.cli.llama_flags import llama_compat, placement, placement_of
 
 
 @main.command()
@@ -25,6 +25,7 @@ from mtp_cli.cli.llama_flags import llama_compat
 @click.option("--n-max", "n_max", type=int, default=8, show_default=True, help="Largest draft length tried.")
 @opt.threads
 @opt.gpu_layers
+@placement
 @click.option("--no-save", is_flag=True, help="Measure and report only; do not save the profile.")
 @opt.as_json
 @llama_compat
@@ -44,6 +45,7 @@ def tune(
             prompts=texts,
             save=not no_save,
             progress=lambda ev: live.update(render.tune_table(ev.result, ev.message)),
+            placement=placement_of(kw),
             **kw,
         )
     if as_json:
@@ -92,6 +94,7 @@ def tune(
 )
 @opt.threads
 @opt.gpu_layers
+@placement
 @opt.as_json
 @llama_compat
 def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as_json: bool, **kw: Any) -> None:
@@ -108,6 +111,7 @@ def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as
             model,
             draft_model,
             prompts=texts,
+            placement=placement_of(kw),
             **kw,
             progress=lambda ev: bar.update(task, completed=ev.done, total=ev.total, description=ev.message),
         )

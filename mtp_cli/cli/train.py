@@ -98,7 +98,16 @@ from mtp_cli.cli.app import main
     "(to 0.1 x this) spans every run of the checkpoint, so a resumed run starts partway down it; "
     "a lower --lr anneals a trained head.",
 )
-def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, **kw: Any) -> None:
+@click.option(
+    "--repack/--no-repack",
+    " /-nr",
+    "repack",
+    default=None,
+    envvar="LLAMA_ARG_REPACK",
+    show_envvar=True,
+    help="Use the CPU's extra buffer types but AMX (never beside torch) or none [default: the CPU self-check's].",
+)
+def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, repack: bool | None, **kw: Any) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
     MODEL: a glm4moe trunk (adopted or native, with or without a head slot), or a llama / qwen2 /
@@ -106,8 +115,12 @@ def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, **
     own greedy answers to --prompts and teacher-forced passes over --text (the built-in prompts when
     neither is given), collected through llama.cpp. Held-out top-1 agreement with the trunk is shown
     while training."""
+    from mtp_cli import cpu_check
     from mtp_cli.llama_ext import default_threads
     from mtp_cli.train.pipeline import TrainJob, run_train
+
+    if repack is not None:
+        cpu_check.ensure(repack)  # (process-wide: every model the run loads)
 
     job = TrainJob(
         model=model,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +19,8 @@ from llama_cpp import llama_cpp as _C
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import require_loadable
 from mtp_cli.errors import LlamaError
+from mtp_cli.llama_ext import buffers
+from mtp_cli.llama_ext.devices import device_list, override_list
 
 CTX_TYPE_TARGET: int = int(_C.LLAMA_CONTEXT_TYPE_DEFAULT)
 CTX_TYPE_MTP: int = int(_C.LLAMA_CONTEXT_TYPE_MTP)
@@ -56,6 +60,8 @@ _log_cb: Any = None  # keep the ctypes callback alive
 
 def init_backend() -> None:
     global _backend_ready
+    # ggml's abort forks a debugger for a backtrace, which can deadlock beside OpenMP's threads
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     if not _backend_ready:
         _C.llama_backend_init()
         _backend_ready = True
@@ -78,12 +84,20 @@ def quiet_logs(quiet: bool = True) -> None:
 
 
 def load_model(
-    file: str | os.PathLike[str] | GGUFFile, *, load_mtp: bool = False, n_gpu_layers: int = 0, load_mode: str = "auto"
+    file: str | os.PathLike[str] | GGUFFile,
+    *,
+    load_mtp: bool = False,
+    n_gpu_layers: int = 0,
+    load_mode: str = "auto",
+    overrides: Sequence[tuple[str, str]] = (),
+    devices: Optional[Sequence[str]] = None,
 ) -> ModelPtr:
     """Load a GGUF (a path, or the GGUFFile the caller already opened: its header is not read again).
     `load_mtp=True` also loads the MTP head blocks (needed for an MTP context, and for an MTP-only
-    sidecar, whose heads are all it has). `load_mode`: llama.cpp's -lm (config.LOAD_MODES). Raises
-    LlamaError on failure, BadFileError on a bad file."""
+    sidecar, whose heads are all it has). `load_mode`: llama.cpp's -lm (config.LOAD_MODES);
+    `overrides`: its -ot, (tensor-name regex, buffer type) pairs; `devices`: its -dev (None: all).
+    Which extra buffer types (AMX, repack) weights may go to is process-wide: llama_ext.buffers.
+    Raises LlamaError on failure, BadFileError on a bad file."""
     init_backend()
     gf = file if isinstance(file, GGUFFile) else _opened(Path(file))
     p = gf.path
@@ -94,7 +108,18 @@ def load_model(
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else int(n_gpu_layers)
     params.load_mtp = bool(load_mtp)
     params.load_mode = int(getattr(_C, "LLAMA_LOAD_MODE_" + load_mode.upper().replace("+", "_")))  # config.LOAD_MODES
-    model = _C.llama_model_load_from_file(str(p).encode("utf-8"), params)
+    keep_alive: list[Any] = []  # the arrays llama.cpp reads during the load
+    if overrides:
+        keep_alive.append(override_list(overrides))
+        params.tensor_buft_overrides = ctypes.addressof(keep_alive[-1])
+    if devices is not None:
+        keep_alive.append(device_list(devices))
+        params.devices = ctypes.addressof(keep_alive[-1])
+    # MLA files (deepseek2 and its kin) abort at their first decode with weights in AMX buffers:
+    # llama.cpp places k_b/v_b there, then no backend runs their batched matmul (ggml-backend.cpp:1294)
+    mla = gf.arch_get("attention.kv_lora_rank") is not None
+    with buffers.without(buffers.AMX) if mla else nullcontext():
+        model = _C.llama_model_load_from_file(str(p).encode("utf-8"), params)
     if not model:
         raise LlamaError(f"{p}: llama.cpp failed to load the model")
     _models[addr(model)] = ModelInfo(p, bool(load_mtp), gf.layout().nextn_layers, gf.is_mtp_sidecar)

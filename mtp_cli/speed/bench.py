@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import NoMtpHeadError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
@@ -98,16 +98,17 @@ def bench(
     ngram: bool = True,
     n_ctx: int = 2048,
     progress: Optional[Callable[[BenchEvent], None]] = None,
+    placement: Placement = Placement(),
 ) -> BenchResult:
     texts = list(prompts) if prompts is not None else list(PROMPTS)
     base = GenConfig(n_predict=n_predict, n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx)
     try:
-        rt = Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers)
+        rt = Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers, placement=placement)
         has_head = True
     except NoMtpHeadError:
         if draft is not None:
             raise
-        rt = Runtime(model, spec_type="none", n_gpu_layers=n_gpu_layers)
+        rt = Runtime(model, spec_type="none", n_gpu_layers=n_gpu_layers, placement=placement)
         has_head = False
     out = BenchResult(str(model), n_threads, n_predict, repeats, len(texts))
     with rt:

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
@@ -167,6 +167,7 @@ def tune(
     progress: Optional[Callable[[TuneEvent], None]] = None,
     save: bool = True,
     config_dir: Optional[Path] = None,
+    placement: Placement = Placement(),
 ) -> TuneResult:
     """Measure, pick the fastest setting, save it as this model's profile on this machine (save=True)."""
     t0 = _now()
@@ -179,7 +180,7 @@ def tune(
         raise TuneError("no prompts")
     builtin = prompts is None
     base = GenConfig(n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK)
-    with Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers) as rt:
+    with Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers, placement=placement) as rt:
         toks = prompt_tokens(rt, texts, builtin)
         if max(len(t) for t in toks) + RUNG0_TOKENS >= n_ctx:
             raise TuneError(f"a prompt is too long for the tuning context ({n_ctx} tokens)")

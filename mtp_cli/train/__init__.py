@@ -15,7 +15,10 @@ Modules, one concept each:
 
 from __future__ import annotations
 
+from mtp_cli import cpu_check
 from mtp_cli.errors import MissingTorchError
+
+cpu_check.torch_in_process()  # training runs torch beside llama.cpp: ggml's AMX path must not run
 
 TORCH_HINT = "training needs torch: pip install 'mtp-cli[train]'"
 
