@@ -9,7 +9,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 # The venv and a llama-cpp-python built right for this machine (scripts/llama_build.py says why
 # pip's own build is not: the AMX path on Intel Xeons with GCC 12), then the extras each target needs.
-$(BIN)/.llama: scripts/llama_build.py
+$(BIN)/.llama: scripts/llama_build.py mtp_cli/data/gcc12_amx_fix.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python scripts/llama_build.py

@@ -136,6 +136,7 @@ def main() -> None:
         med = {(lb, s): statistics.median(x["tg"] for x in times[(lb, s, q)]) for lb, s in configs}
         pp = {(lb, s): statistics.median(x["pp"] for x in times[(lb, s, q)]) for lb, s in configs}
         best = max(med.values())
+        best_of = {lb: max(v for (b, _), v in med.items() if b == lb) for lb, _ in configs}
         ref = times[configs[0] + (q,)][0]["tokens"]
         for lb, s in configs:
             same = all(x["tokens"] == ref for x in times[(lb, s, q)])
@@ -148,6 +149,7 @@ def main() -> None:
                     "tg": med[(lb, s)],
                     "pp": pp[(lb, s)],
                     "ratio": med[(lb, s)] / best,
+                    "ratio_build": med[(lb, s)] / best_of[lb],
                     "chosen": chosen,
                     "same_text": same,
                 }
@@ -156,12 +158,16 @@ def main() -> None:
     for label, v in verdicts.items():
         died = "; ".join(f"{k}: {w}" for k, w in v["failed"].items()) or "none died"
         print(f"{label}: offers {', '.join(v['offered']) or 'nothing'}; check chose `{v['setting']}` ({died})")
-    print(f"{'file':8} {'build':14} {'setting':8} {'tg tok/s':>9} {'pp tok/s':>9} {'vs best':>8}  same text")
+    print("vs best: against the fastest of every build; vs build: of the same build; same text: as the first row's")
+    print(
+        f"{'file':8} {'build':10} {'setting':8} {'tg tok/s':>9} {'pp tok/s':>9} {'vs best':>8} {'vs build':>8}"
+        "  same text"
+    )
     for row in rows:
         mark = " <- check's choice" if row["chosen"] else ""
         print(
-            f"{row['file']:8} {row['build']:14} {row['setting']:8} {row['tg']:9.1f} {row['pp']:9.1f} "
-            f"{row['ratio']:8.3f}  {'yes' if row['same_text'] else 'NO'}{mark}"
+            f"{row['file']:8} {row['build']:10} {row['setting']:8} {row['tg']:9.1f} {row['pp']:9.1f} "
+            f"{row['ratio']:8.3f} {row['ratio_build']:8.3f}  {'yes' if row['same_text'] else 'NO'}{mark}"
         )
     if a.json:
         a.json.write_text(json.dumps({"verdicts": verdicts, "rows": rows}, indent=2))
