@@ -58,6 +58,7 @@ class VerifyLoop:
         stats: GenStats,
         pieces: lx.PieceDecoder,
         verify_sampled: VerifySampled,
+        eog_tokens: Sequence[int] = (),  # the model's (Runtime.eog_tokens), read with --ignore-eos
     ):
         self.model, self.tgt, self.drafter, self.policy = model, tgt, drafter, policy
         self.stats, self.pieces, self.verify_sampled = stats, pieces, verify_sampled
@@ -65,7 +66,7 @@ class VerifyLoop:
         self.n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
         self.V = lx.n_vocab(model)
         self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
-        self.edits = RowEdits(cfg, lx.eog_tokens(model) if cfg.ignore_eos else ())
+        self.edits = RowEdits(cfg, eog_tokens)
         self.is_eog = lx.eog_checker(model)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))

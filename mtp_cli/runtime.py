@@ -13,6 +13,7 @@ loop itself is mtp_cli.loop. A DraftPolicy (mtp_cli.policy) may choose N per ste
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -202,6 +203,12 @@ class Runtime:
     def is_eog(self, token: int) -> bool:
         return lx.is_eog(self.model, token)
 
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The model's end-of-generation tokens (a scan of the vocabulary through ctypes, 20 ms for
+        49k tokens: once per model, not per generation or request)."""
+        return tuple(lx.eog_tokens(self.model))
+
     @property
     def n_heads(self) -> int:
         """MTP head blocks of the model that drafts (0 when it drafts with none)."""
@@ -344,8 +351,9 @@ class Runtime:
         stats: GenStats,
     ) -> Generator[TokenEvent, None, GenStats]:
         """The loop, built when the generator starts (nothing is allocated for one never run)."""
+        eog = self.eog_tokens if cfg.ignore_eos else ()
         loop = VerifyLoop(
-            self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled
+            self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled, eog
         )
         try:
             return (yield from loop.run(prompt, keep, asleep))

@@ -402,3 +402,123 @@ def test_registry_one_module_per_spec_type():
     with pytest.raises(ConfigError, match="ngram_min"):  # the drafter checks the settings only it reads
         drafters.validated(GenConfig(spec_type="ngram", ngram_min=3, ngram_max=2))
     assert drafters.validated(GenConfig(spec_type="mtp", ngram_min=3, ngram_max=2)).spec_type == "mtp"
+
+
+# -- issue 29: every draft position is fed the right hidden state ---------------------------------
+
+
+def _recorded_steps(rt: Runtime, prompt: list[int], n: int) -> tuple[list[int], list[tuple[int, int, list[int]]]]:
+    """The final sequence and each step's (pos, id_last, drafts), from a greedy run at N = n."""
+    steps: list[tuple[int, int, list[int]]] = []
+    orig = MtpDrafter.draft
+
+    def spy(self, id_last, pos, n_max):
+        out = orig(self, id_last, pos, n_max)
+        steps.append((pos, id_last, list(out)))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MtpDrafter, "draft", spy)
+        out = run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n, n_predict=60))
+    return prompt + out, steps
+
+
+def _reference_drafts(path: Path, seq: list[int], steps, chain: bool) -> list[list[tuple[int, float]]]:
+    """llama.cpp's order, one row per decode: the head's memory holds (x_p, target h of p-1) for
+    every p before the step; draft i+1 is read from the row (d_i, pos+i, the head's OWN h of the row
+    before). Chained heads: draft i by head i over [id_last, d1..d_i], each row decoded alone.
+    Returns each step's (reference token, top-2 logit gap) per position, continuing with the
+    drafter's own tokens so that one tie does not shift the rest."""
+    m = lx.load_model(path, load_mtp=True)
+    tgt = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, n_rs_seq=1)
+    dft = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, ctx_type=lx.CTX_TYPE_MTP, ctx_other=tgt)
+    out: list[list[tuple[int, float]]] = []
+    try:
+        lx.set_embeddings_nextn(tgt, True, False)
+        lx.set_embeddings_nextn(dft, True, True)
+        E, V = lx.n_embd_out(m), lx.n_vocab(m)
+        b = lx.Batch(len(seq))
+        b.add_many(seq, 0)
+        lx.decode(tgt, b)
+        h_t = lx.get_embeddings_nextn(tgt, len(seq))
+        n_heads = lx.n_layer_nextn(m)
+        one = lx.Batch(1, E)
+
+        def row(tok: int, p: int, h: np.ndarray, head: int = 0) -> tuple[int, float, np.ndarray]:
+            lx.set_nextn_layer_offset(dft, head)
+            one.clear()
+            one.add(tok, p, logits=True, h=h)
+            lx.decode(dft, one)
+            logits = lx.logits_rows(dft, 1, V)[0]
+            top2 = np.sort(logits)[-2:]
+            return int(logits.argmax()), float(top2[1] - top2[0]), lx.get_embeddings_nextn_ith(dft, 0)
+
+        zero = np.zeros(E, np.float32)
+        filled = 0
+        for pos, id_last, drafts in steps:
+            while filled < pos:  # the head(s)' memory: the sequence so far
+                for head in range(n_heads if chain else 1):  # (cells are shared: each head re-decodes its own)
+                    lx.memory_seq_rm(dft, 0, filled, -1)
+                    row(seq[filled], filled, h_t[filled - 1] if filled else zero, head)
+                filled += 1
+            got: list[tuple[int, float]] = []
+            if chain:
+                hs = [h_t[pos - 1]]
+                for i in range(len(drafts)):
+                    toks = [id_last, *drafts[:i]]
+                    lx.memory_seq_rm(dft, 0, pos, -1)
+                    for j, tok in enumerate(toks):
+                        ref, gap, h = row(tok, pos + j, hs[j], head=i)
+                    got.append((ref, gap))
+                    hs.append(h)
+                    lx.memory_seq_rm(dft, 0, pos, -1)
+            else:
+                tok, h = id_last, h_t[pos - 1]
+                for i in range(len(drafts)):
+                    ref, gap, h = row(tok, pos + i, h)
+                    got.append((ref, gap))
+                    tok = drafts[i]
+                lx.memory_seq_rm(dft, 0, pos, -1)
+            out.append(got)
+        lx.set_nextn_layer_offset(dft, 0)
+    finally:
+        lx.free_context(dft)
+        lx.free_context(tgt)
+        lx.free_model(m)
+    return out
+
+
+def _check_against_reference(path: Path, rt: Runtime, prompt: list[int], n: int, chain: bool) -> int:
+    """Every draft (past a near-tie, the rest of that step is not compared) equals the reference;
+    returns how many drafts at positions 2.. were compared."""
+    seq, steps = _recorded_steps(rt, prompt, n)
+    refs = _reference_drafts(path, seq, steps, chain)
+    later = 0
+    for (pos, _, drafts), ref in zip(steps, refs):
+        for i, (d, (r, gap)) in enumerate(zip(drafts, ref)):
+            if gap < TIE_EPS:
+                break
+            assert d == r, f"N={n}, step at {pos}: draft {i + 1} is {d}, the reference {r} (gap {gap:.3f})"
+            later += i >= 1
+    return later
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_later_drafts_read_their_own_rows_hidden_state(models, arch):
+    """Drafts at positions 2.. after an accepted step (catch-up rows and the draft row in one
+    decode) equal one-row-decode references: the head is fed the draft row's own h, not the first
+    catch-up row's (which llama.cpp's masked extraction returned while only the draft row was an
+    output)."""
+    s = models(arch, head_noise=1.0, **SENSITIVE)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize(PROMPT)
+        later = sum(_check_against_reference(s["full"], rt, prompt, n, chain=False) for n in (1, 2, 3, 4))
+    assert later > 20
+
+
+def test_chained_heads_later_drafts_match_the_reference(tmp_path):
+    path = write_tiny_mimo2(tmp_path / "mimo2-3heads.gguf", n_heads=3, mix=2.0, head_noise=1.0)
+    with Runtime(path, spec_type="mtp") as rt:
+        prompt = rt.tokenize(PROMPT)
+        later = sum(_check_against_reference(path, rt, prompt, n, chain=True) for n in (2, 3, 4))
+    assert later > 10

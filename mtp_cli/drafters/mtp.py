@@ -25,7 +25,7 @@ from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.loadable.assistant import assistant_problem
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
-from mtp_cli.config import GenConfig
+from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
 from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, Loader, Models, check_same_vocab
 from mtp_cli.errors import LlamaError, ModelFileError, NoMtpHeadError
 from mtp_cli.sampling import ConfidenceProbe
@@ -34,6 +34,13 @@ from mtp_cli.sampling import ConfidenceProbe
 # one-row batch keeps its compute buffer small (the attention mask grows as n_ctx x n_batch: at
 # n_ctx 131072 the tiny pair's is 256 MiB at n_batch 512, 0.5 MiB at 1).
 SHARED_N_BATCH = 1
+# A merged decode (catch-up rows + the draft row) marks every row an output: most MTP graphs
+# (glm4moe, qwen35, deepseek2, ...) take h before selecting the output rows, and llama.cpp's masked
+# h extraction copies the first n_outputs rows, so with the draft row alone an output, `_ith` of it
+# returned the FIRST catch-up row's h and drafts 2.. were fed the wrong state. With every row an
+# output the row at the draft's index is the draft row's, for those graphs and for those that take
+# the rows first (step35, mimo2) alike. Longer catch-ups (a prompt) are decoded apart first.
+MERGE_ROWS = DRAFT_N_MAX_LIMIT + 1
 
 _now = time.perf_counter
 
@@ -62,6 +69,7 @@ class MtpDrafter(Drafter):
         n_vocab_target: int,
         p_min: float = 0.0,
         kv: Optional[lx.KvOptions] = None,
+        n_outputs: int = MERGE_ROWS,
     ):
         super().__init__()
         self.tgt = target_ctx
@@ -73,7 +81,7 @@ class MtpDrafter(Drafter):
             kv=kv,
             ctx_type=lx.CTX_TYPE_MTP,
             ctx_other=target_ctx,
-            n_outputs_max=DRAFT_N_OUTPUTS,
+            n_outputs_max=n_outputs,
             n_rs_seq=0,
         )
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
@@ -150,6 +158,7 @@ class MtpDrafter(Drafter):
             n_threads=plan.n_threads,
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
+            n_outputs=DRAFT_N_OUTPUTS if shared else MERGE_ROWS,  # (a shared one decodes one row at a time)
         )
 
     def configure(self, cfg: GenConfig) -> None:
@@ -218,8 +227,9 @@ class MtpDrafter(Drafter):
 
     # -- drafting -----------------------------------------------------------------------------------
 
-    def _pick(self) -> Optional[int]:
-        row = lx.logits_rows(self.ctx, 1, self.n_vocab)[0][: self.n_vocab_target]  # the one output row
+    def _pick(self, i: int) -> Optional[int]:
+        """The draft token of output row i (None: below p_min)."""
+        row = lx.logits_rows(self.ctx, i + 1, self.n_vocab)[i][: self.n_vocab_target]
         tok = int(row.argmax())
         if self.p_min > 0.0 and self.probe.top_prob(row) < self.p_min:
             return None
@@ -233,20 +243,22 @@ class MtpDrafter(Drafter):
         b = self.batch
         if self.mem_shared:
             b.clear()
-        elif b.n_tokens == b.capacity:
+        elif b.n_tokens >= (MERGE_ROWS if n_max > 0 else b.capacity):
             self.catch_up()
         if n_max <= 0:
             if not self.mem_shared:
                 b.add(id_last, pos, h=self.pending_h)  # stays queued for the next catch-up
             return []
-        # ONE decode: catch-up rows + the first draft row (id_last, pos, h of pos-1), logits on it
-        i_last = b.add(id_last, pos, logits=True, h=self.pending_h)
+        # ONE decode: catch-up rows + the first draft row (id_last, pos, h of pos-1), every row an
+        # output (MERGE_ROWS says why)
+        i_last = b.add(id_last, pos, h=self.pending_h)
+        b.logits[: b.n_tokens] = 1
         self._decode(self.ctx, b)
         b.clear()
         out: list[int] = []
         i_out = i_last
         while True:
-            tok = self._pick()
+            tok = self._pick(i_out)
             if tok is None:
                 break
             out.append(tok)
@@ -277,9 +289,10 @@ class MtpDrafter(Drafter):
             lx.set_nextn_layer_offset(self.ctx, i)
             cb.clear()
             toks = [id_last] + out
-            i_last = cb.add_many(toks, pos, logits_last=True, h=self.chain_h[: len(toks)])
+            i_last = cb.add_many(toks, pos, h=self.chain_h[: len(toks)])
+            cb.logits[: cb.n_tokens] = 1  # (every row an output: MERGE_ROWS)
             self._decode(self.ctx, cb)
-            tok = self._pick()
+            tok = self._pick(i_last)
             if tok is None:
                 break
             out.append(tok)
@@ -334,11 +347,13 @@ class HeadProbe:
 
     def decode(self, tokens: Sequence[int], pos: int) -> float:
         """Seconds of one head decode of `tokens` at pos, pos+1, ... (all at pos when sharing the
-        target's memory), each paired with the pending h row, logits on the last."""
+        target's memory), each paired with the pending h row, every row an output as in a step's
+        merged decode (the last only when sharing)."""
         b, d = self.batch, self.d
         b.clear()
         for j, tok in enumerate(tokens):
-            b.add(tok, pos if self.shares_memory else pos + j, logits=j == len(tokens) - 1, h=d.pending_h)
+            last = j == len(tokens) - 1
+            b.add(tok, pos if self.shares_memory else pos + j, logits=last or not self.shares_memory, h=d.pending_h)
         t = _now()
         lx.decode(d.ctx, b)
         return _now() - t
