@@ -106,6 +106,50 @@ def check(lib: str | None) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def summarize(files: dict, configs: list, verdicts: dict, times: dict) -> list[dict]:
+    """One row per file and configuration: medians, ratios, the check's choice, the text."""
+    rows = []
+    for q in files:
+        med = {(lb, s): statistics.median(x["tg"] for x in times[(lb, s, q)]) for lb, s in configs}
+        pp = {(lb, s): statistics.median(x["pp"] for x in times[(lb, s, q)]) for lb, s in configs}
+        best = max(med.values())
+        best_of = {lb: max(v for (b, _), v in med.items() if b == lb) for lb, _ in configs}
+        ref = times[configs[0] + (q,)][0]["tokens"]
+        for lb, s in configs:
+            rows.append(
+                {
+                    "file": q,
+                    "build": lb,
+                    "setting": s,
+                    "tg": med[(lb, s)],
+                    "pp": pp[(lb, s)],
+                    "ratio": med[(lb, s)] / best,
+                    "ratio_build": med[(lb, s)] / best_of[lb],
+                    "chosen": verdicts[lb]["setting"] == s,
+                    "same_text": all(x["tokens"] == ref for x in times[(lb, s, q)]),
+                }
+            )
+    return rows
+
+
+def report(a: argparse.Namespace, verdicts: dict, rows: list[dict]) -> None:
+    print(f"threads {a.threads}, {a.n} tokens, {a.repeats} repeats (medians), interleaved")
+    for label, v in verdicts.items():
+        died = "; ".join(f"{k}: {w}" for k, w in v["failed"].items()) or "none died"
+        print(f"{label}: offers {', '.join(v['offered']) or 'nothing'}; check chose `{v['setting']}` ({died})")
+    print("vs best: against the fastest of every build; vs build: of the same build; same text: as the first row's")
+    print(
+        f"{'file':8} {'build':10} {'setting':8} {'tg tok/s':>9} {'pp tok/s':>9} {'vs best':>8} {'vs build':>8}"
+        "  same text"
+    )
+    for row in rows:
+        mark = " <- check's choice" if row["chosen"] else ""
+        print(
+            f"{row['file']:8} {row['build']:10} {row['setting']:8} {row['tg']:9.1f} {row['pp']:9.1f} "
+            f"{row['ratio']:8.3f} {row['ratio_build']:8.3f}  {'yes' if row['same_text'] else 'NO'}{mark}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", action="append", default=[], help="LABEL=DIR of a llama.cpp build's libraries")
@@ -131,44 +175,8 @@ def main() -> None:
             order = configs if r % 2 == 0 else list(reversed(configs))
             for label, s in order:
                 times.setdefault((label, s, q), []).append(run_child(libs[label] or None, s, path, a.n, a.threads))
-    rows = []
-    for q in files:
-        med = {(lb, s): statistics.median(x["tg"] for x in times[(lb, s, q)]) for lb, s in configs}
-        pp = {(lb, s): statistics.median(x["pp"] for x in times[(lb, s, q)]) for lb, s in configs}
-        best = max(med.values())
-        best_of = {lb: max(v for (b, _), v in med.items() if b == lb) for lb, _ in configs}
-        ref = times[configs[0] + (q,)][0]["tokens"]
-        for lb, s in configs:
-            same = all(x["tokens"] == ref for x in times[(lb, s, q)])
-            chosen = verdicts[lb]["setting"] == s
-            rows.append(
-                {
-                    "file": q,
-                    "build": lb,
-                    "setting": s,
-                    "tg": med[(lb, s)],
-                    "pp": pp[(lb, s)],
-                    "ratio": med[(lb, s)] / best,
-                    "ratio_build": med[(lb, s)] / best_of[lb],
-                    "chosen": chosen,
-                    "same_text": same,
-                }
-            )
-    print(f"threads {a.threads}, {a.n} tokens, {a.repeats} repeats (medians), interleaved")
-    for label, v in verdicts.items():
-        died = "; ".join(f"{k}: {w}" for k, w in v["failed"].items()) or "none died"
-        print(f"{label}: offers {', '.join(v['offered']) or 'nothing'}; check chose `{v['setting']}` ({died})")
-    print("vs best: against the fastest of every build; vs build: of the same build; same text: as the first row's")
-    print(
-        f"{'file':8} {'build':10} {'setting':8} {'tg tok/s':>9} {'pp tok/s':>9} {'vs best':>8} {'vs build':>8}"
-        "  same text"
-    )
-    for row in rows:
-        mark = " <- check's choice" if row["chosen"] else ""
-        print(
-            f"{row['file']:8} {row['build']:10} {row['setting']:8} {row['tg']:9.1f} {row['pp']:9.1f} "
-            f"{row['ratio']:8.3f} {row['ratio_build']:8.3f}  {'yes' if row['same_text'] else 'NO'}{mark}"
-        )
+    rows = summarize(files, configs, verdicts, times)
+    report(a, verdicts, rows)
     if a.json:
         a.json.write_text(json.dumps({"verdicts": verdicts, "rows": rows}, indent=2))
 

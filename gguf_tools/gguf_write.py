@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from gguf_tools.atomic import atomic_output
 from gguf_tools.errors import BadFileError, RefusedError, WriteError
-from gguf_tools.prescan import GGUF_MAGIC, ArrayValue, Prescan, prescan_header
+from gguf_tools.prescan import GGUF_MAGIC, SCALAR_FORMATS, ArrayValue, Prescan, prescan_header
 
 log = logging.getLogger(__name__)
 
@@ -244,19 +244,7 @@ def _copy_run(run: Sequence[Tensor], is_range: bool, fout: BinaryIO, sources: di
 
 # ---- the header: GGUF v3, little-endian, as gguf.GGUFWriter writes it -------------------------
 
-_PACK = {
-    GGUFValueType.UINT8: "<B",
-    GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I",
-    GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
-}
+_PACK = {t: "<" + code for t, code in SCALAR_FORMATS.items()}  # (GGUF v3 is little-endian)
 
 
 def _string(s: str | bytes) -> bytes:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf_tools.archs import MTP_ARCHS, RECURRENT_ARCHS, ArchSet, having
+
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h:11
 LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h:12
 GGML_MAX_NAME = 64  # ggml/include/ggml.h:229 (a tensor name must be shorter)
@@ -47,17 +49,19 @@ class Rule:
     id: str
     source: str  # file:line and the check, in the vendored llama.cpp
     outcome: str  # refuses | aborts | SIGFPE | hangs | crashes
-    archs: tuple[str, ...] = ()
+    archs: tuple[str | ArchSet, ...] = ()  # names, or sets of gguf_tools.archs read when checking
     mtp: bool = False  # only when an MTP context is created (the head is used)
 
+    def applies(self, arch: str) -> bool:
+        """Whether the rule holds for `arch` (a rule naming no arch holds for all)."""
+        return not self.archs or any(arch == a if isinstance(a, str) else arch in a for a in self.archs)
 
-def _r(id: str, source: str, outcome: str, *archs: str, mtp: bool = False) -> Rule:
+
+def _r(id: str, source: str, outcome: str, *archs: str | ArchSet, mtp: bool = False) -> Rule:
     return Rule(id, source, outcome, archs, mtp)
 
 
-_MTP_ARCHS = ("qwen35", "qwen35moe", "qwen3next", "glm4moe", "deepseek2", "mimo2", "step35")
-_SSM_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
-_ROPE_HALF = ("glm4moe", "qwen35", "qwen35moe", "qwen3next", "mimo2", "deepseek2", "gemma4", "gemma4-assistant")
+_SSM = RECURRENT_ARCHS
 
 RULES: tuple[Rule, ...] = (
     # -- the container (ggml/src/gguf.cpp, gguf_init_from_reader) --
@@ -95,56 +99,48 @@ RULES: tuple[Rule, ...] = (
         "expert-gating",
         "src/llama-graph.cpp:2072 expert_gating_func is 1-4 (0: the default)",
         "aborts",
-        "glm4moe",
-        "deepseek2",
-        "step35",
+        having("expert_gating"),
     ),
     _r(
         "rope-dims-exact",
         "src/llama-model.cpp:1450; src/models/qwen2.cpp:57, qwen3.cpp:57 n_rot = head dim",
         "refuses",
-        "llama",
-        "qwen2",
-        "qwen3",
+        having("rope_exact"),
     ),
     _r(
         "rope-dims",
         "ggml/src/ggml-cpu/ops.cpp:6355-6356, 6454 0 < n_rot <= head dim, even (0 hangs)",
         "aborts",
-        *_ROPE_HALF,
+        having("rope_half"),
     ),
     _r(
         "rope-sections",
         "ggml/src/ggml-cpu/ops.cpp:6232, 6237 sections: 4 entries, summing to 1..head dim",
         "SIGFPE",
         "glm4moe",
-        *_SSM_ARCHS,
+        having("mrope"),
     ),
     _r(
         "head-dims-equal",
         "src/models/glm4-moe.cpp:294, qwen2.cpp:56, qwen35.cpp:137 key_length = value_length",
         "aborts",
-        "llama",
-        "qwen2",
-        "qwen3",
-        "glm4moe",
-        *_SSM_ARCHS,
+        having("head_dims_equal"),
     ),
     # -- per architecture --
     _r("glm4moe-experts", "src/models/glm4-moe.cpp:42-43 expert_count > 0, expert_used_count > 0", "aborts", "glm4moe"),
-    _r("recurrent-interval", "src/models/qwen35.cpp:21 (i + 1) % full_attention_interval", "SIGFPE", *_SSM_ARCHS),
-    _r("ssm-heads", "src/models/qwen35.cpp:439 ssm.time_step_rank divisible by ssm.group_count", "aborts", *_SSM_ARCHS),
+    _r("recurrent-interval", "src/models/qwen35.cpp:21 (i + 1) % full_attention_interval", "SIGFPE", _SSM),
+    _r("ssm-heads", "src/models/qwen35.cpp:439 ssm.time_step_rank divisible by ssm.group_count", "aborts", _SSM),
     _r(
         "ssm-inner",
         "src/models/delta-net-base.cpp:472, ggml/src/ggml.c:2645 ssm.inner_size = state_size x time_step_rank",
         "aborts",
-        *_SSM_ARCHS,
+        _SSM,
     ),
     _r(
         "hybrid-layers",
         "src/llama-graph.cpp:1111, src/llama-kv-cache.cpp:1492 a hybrid needs recurrent and attention blocks",
         "aborts",
-        *_SSM_ARCHS,
+        _SSM,
     ),
     _r(
         "gemma4-swa",
@@ -176,8 +172,7 @@ RULES: tuple[Rule, ...] = (
         "swa-pattern",
         "src/llama-model.cpp:2807 sliding_window_pattern marks a sliding-window layer",
         "aborts",
-        "mimo2",
-        "step35",
+        having("swa_pattern"),
     ),
     _r(
         "step35-rope",
@@ -189,24 +184,21 @@ RULES: tuple[Rule, ...] = (
         "one-head-block",
         "src/models/glm4-moe.cpp:135 (and qwen35, deepseek2) a single MTP block",
         "aborts",
-        "glm4moe",
-        "deepseek2",
-        *_SSM_ARCHS,
+        having("one_head_block"),
         mtp=True,
     ),
     _r(
         "head-block-moe",
         "src/models/glm4-moe.cpp:150 the MTP block is past leading_dense_block_count",
         "aborts",
-        "glm4moe",
-        "deepseek2",
+        having("dense_lead"),
         mtp=True,
     ),
     _r(
         "head-tensors",
         "src/models/glm4-moe.cpp:147-149 (each MTP graph) nextn.eh_proj, enorm, hnorm",
         "aborts",
-        *_MTP_ARCHS,
+        MTP_ARCHS,
         mtp=True,
     ),
     # -- the vocabulary (src/llama-vocab.cpp) --

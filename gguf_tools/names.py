@@ -1,8 +1,8 @@
-"""Names: one table for every fact about architectures, head tensors and head types.
+"""Names: head tensors and head types (the architectures: gguf_tools.archs).
 
 Head blocks are the last `{arch}.nextn_predict_layers` blocks: `blk.{i}.*` with i >= n_trunk. Each
 holds the block's ordinary attention/FFN tensors plus `blk.{i}.nextn.{part}.weight` for the parts
-below (DESIGN 3); llama.cpp tells an MTP-only sidecar by the absence of TRUNK_MARKER.
+below (ARCHITECTURE §3); llama.cpp tells an MTP-only sidecar by the absence of TRUNK_MARKER.
 """
 
 from __future__ import annotations
@@ -12,39 +12,9 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType
 
-# Archs whose llama.cpp model (vendored in llama-cpp-python 0.3.36) builds an LLM_GRAPH_TYPE_DECODER_MTP graph.
-MTP_ARCHS = frozenset(
-    {
-        "qwen35",
-        "qwen35moe",
-        "qwen3next",
-        "glm4moe",
-        "glm-dsa",
-        "glm5-next",
-        "deepseek2",
-        "deepseek32",
-        "deepseek4",
-        "step35",
-        "mimo2",
-        "bailingmoe3",
-        "cohere2moe",
-        "hy_v3",
-        "nemotron_h_moe",
-    }
-)
-
-# Drafter models that carry no trunk of their own and read the target's KV cache.
-ASSISTANT_ARCHS = frozenset({"gemma4-assistant"})
-# target arch -> the assistant arch that drafts for it (llama.cpp: -md ASSISTANT --spec-type draft-mtp)
-ASSISTANT_FOR = {"gemma4": "gemma4-assistant"}
-
-# Archs `mtp-cli adopt` re-expresses as ADOPT_TARGET (no MTP graph of their own).
-ADOPTABLE_ARCHS = ("llama", "qwen2", "qwen3")
-ADOPT_TARGET = "glm4moe"
-
-# HF checkpoint families whose MTP tensors `pack --heads` reads from safetensors (gguf_tools.hf).
-HF_QWEN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")  # heads under `mtp.*`
-HF_NEXTN_ARCHS = ("glm4moe", "deepseek2")  # heads are `model.layers.{i}` for i >= n_trunk
+# Architecture facts: one record per arch in gguf_tools.archs (re-exported here for the modules
+# that import them by these names; the sets are live views of that table).
+from gguf_tools.archs import ADOPT_TARGET, ADOPTABLE_ARCHS, ASSISTANT_ARCHS, ASSISTANT_FOR, MTP_ARCHS  # noqa: F401
 
 # ---- tensors -----------------------------------------------------------------------------------
 

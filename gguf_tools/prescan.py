@@ -25,7 +25,9 @@ from gguf_tools.errors import BadFileError
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_NESTING = 4  # arrays of arrays; real files use at most 1 level
-_SCALAR_FMT = {
+# The one table of GGUF scalar value types: their struct codes (byte order apart), which numpy reads
+# as dtypes too; the writer packs with them, the header checks tell integers from floats by them.
+SCALAR_FORMATS = {
     GGUFValueType.UINT8: "B",
     GGUFValueType.INT8: "b",
     GGUFValueType.UINT16: "H",
@@ -59,21 +61,6 @@ class TensorEntry:
         for d in self.shape:
             n *= d
         return n
-
-
-_NP_DTYPE = {
-    GGUFValueType.UINT8: "<u1",
-    GGUFValueType.INT8: "<i1",
-    GGUFValueType.UINT16: "<u2",
-    GGUFValueType.INT16: "<i2",
-    GGUFValueType.UINT32: "<u4",
-    GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "<u8",
-    GGUFValueType.INT64: "<i8",
-    GGUFValueType.FLOAT64: "<f8",
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +150,7 @@ class _Cursor:
         if vt == GGUFValueType.STRING:
             return self.string(what)
         if vt != GGUFValueType.ARRAY:
-            return self.unpack(_SCALAR_FMT[vt], what)
+            return self.unpack(SCALAR_FORMATS[vt], what)
         if depth >= MAX_NESTING:
             raise self.fail(f"{what} nests arrays more than {MAX_NESTING} deep")
         etype = self.unpack("I", f"the element type of {what}")
@@ -171,12 +158,12 @@ class _Cursor:
         if etype not in _VALUE_TYPES:
             raise self.fail(f"{what} has unknown element type {etype}")
         et = GGUFValueType(etype)
-        if et in _SCALAR_FMT:
-            raw = self.take(count * struct.calcsize(_SCALAR_FMT[et]), f"{what} ({count} elements)")
+        if et in SCALAR_FORMATS:
+            raw = self.take(count * struct.calcsize(SCALAR_FORMATS[et]), f"{what} ({count} elements)")
             return ArrayValue(
                 count,
                 et,
-                np.frombuffer(raw, dtype=np.dtype(_NP_DTYPE[et]).newbyteorder("<" if self.bo == "<" else ">")),
+                np.frombuffer(raw, dtype=np.dtype(SCALAR_FORMATS[et]).newbyteorder("<" if self.bo == "<" else ">")),
             )
         # Each string or array element takes at least 8 bytes: cap the count before looping over it.
         if count * 8 > self.remaining():

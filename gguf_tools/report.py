@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
+from gguf_tools.archs import record
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import problems
-from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, ASSISTANT_FOR, HF_NEXTN_ARCHS, MTP_ARCHS, TOKEN_EMBD
+from gguf_tools.names import ADOPTABLE_ARCHS, ASSISTANT_ARCHS, ASSISTANT_FOR, MTP_ARCHS, TOKEN_EMBD
 from gguf_tools.surgery import head_tensors
 
 # Verdicts
@@ -140,7 +141,8 @@ def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
             f"a {rep.adopted_from} trunk adopted as glm4moe, with no MTP head{missing}: no published "
             f"head fits it; train one, which packs it too: mtp-cli train {name} -o OUT.gguf"
         )
-    if gf.arch in HF_NEXTN_ARCHS:  # convert_hf_to_gguf.py --mtp refuses DeepSeek-V3 style checkpoints
+    rec = record(gf.arch)
+    if rec is not None and rec.hf_family in ("nextn", "nextn-mla"):  # convert_hf_to_gguf.py --mtp refuses these
         source = "the HF checkpoint's safetensors (its model.layers.N MTP blocks)"
     else:
         source = (

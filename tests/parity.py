@@ -1,4 +1,4 @@
-"""Parity helpers for the runtime and drafter tests (DESIGN 3).
+"""Parity helpers for the runtime and drafter tests (ARCHITECTURE §3).
 
 Greedy speculative output must equal plain greedy output token for token. Batched verification
 changes logits by ~1e-3 against one-token decoding, so a divergence is tolerated only at a position

@@ -48,7 +48,7 @@ class Pair:
         return logits, lx.get_embeddings_nextn(self.tgt, len(toks))
 
     def mtp_prefill(self, toks: list[int], h: np.ndarray) -> np.ndarray:
-        """DESIGN 3 pairing: position p gets token x_p and the target's h row of p-1 (zeros at 0)."""
+        """ARCHITECTURE §3 pairing: position p gets token x_p and the target's h row of p-1 (zeros at 0)."""
         b = lx.Batch(len(toks), self.E)
         for p, t in enumerate(toks):
             b.add(t, p, logits=True, h=h[p - 1] if p else np.zeros(self.E, np.float32))

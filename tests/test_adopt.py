@@ -1,6 +1,6 @@
 """adopt: llama / qwen2 / qwen3 re-expressed as glm4moe; the glm4moe head-block helper.
 
-Exactness is judged as DESIGN 3 says: token ids must agree, and a divergence is allowed only where
+Exactness is judged as ARCHITECTURE §3 says: token ids must agree, and a divergence is allowed only where
 the original's top-2 logit gap is below a stated epsilon (a near-tie kernel noise can flip).
 """
 
@@ -174,7 +174,7 @@ def test_neox_order_undoes_the_converters_permute(n_head, n_head_kv, d):
     assert np.array_equal(llama[neox_order(n_head, d)], hf)
     hfk = np.arange(n_head_kv * d)
     assert np.array_equal(llama_permute(hfk, n_head_kv)[neox_order(n_head_kv, d)], hfk)
-    # the formula of DESIGN 4: neox_row[h*D + j*D/2 + i] = llama_row[h*D + 2*i + j]
+    # the formula of ARCHITECTURE §4: neox_row[h*D + j*D/2 + i] = llama_row[h*D + 2*i + j]
     order = neox_order(n_head, d)
     for h, j, i in [(0, 0, 0), (n_head - 1, 1, d // 2 - 1), (n_head // 2, 1, 0)]:
         assert order[h * d + j * d // 2 + i] == h * d + 2 * i + j

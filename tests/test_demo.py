@@ -63,7 +63,7 @@ def test_cli_generate_without_model_runs_the_demo_with_mtp(built, monkeypatch):
     assert none.exit_code == 0, none.output
     plain = json.loads(none.output[none.output.index("{") :])
     assert plain["stats"]["spec_type"] == "none"
-    # greedy MTP output is plain decoding's, up to near-ties batched kernels can flip (DESIGN 3)
+    # greedy MTP output is plain decoding's, up to near-ties batched kernels can flip (ARCHITECTURE §3)
     a, b = doc["text"], plain["text"]
     common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     assert common >= 40, (a, b)

@@ -5,6 +5,7 @@ parity test itself. One thread (see tests/parity.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_mtp_sidecar_parity(models, arch, record_property):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_first_draft_uses_the_design3_pairing(models, arch):
     """Every first draft token equals the head's argmax when the head sees the whole sequence with
-    DESIGN 3 pairing (x_p with the target's h of p-1) in one batch: the catch-up feeds the MTP
+    ARCHITECTURE §3 pairing (x_p with the target's h of p-1) in one batch: the catch-up feeds the MTP
     context exactly the right rows (a wrong pairing keeps parity but silently lowers acceptance)."""
     s = models(arch, head_noise=1.5)
     firsts: list[tuple[int, int]] = []
@@ -96,28 +97,7 @@ def test_first_draft_uses_the_design3_pairing(models, arch):
         prompt = rt.tokenize(PROMPT)
         seq = prompt + run(rt, prompt, greedy(spec_type="mtp", draft_n_max=2))
     assert len(firsts) > 10
-    # reference: one target pass over the whole sequence, then one head pass with shifted h rows
-    m = lx.load_model(s["full"], load_mtp=True)
-    n_rs = 1 if arch == "qwen35" else 0
-    tgt = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, n_rs_seq=n_rs)
-    dft = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, ctx_type=lx.CTX_TYPE_MTP, ctx_other=tgt)
-    try:
-        lx.set_embeddings_nextn(tgt, True, False)
-        lx.set_embeddings_nextn(dft, True, True)
-        E, V = lx.n_embd_out(m), lx.n_vocab(m)
-        b = lx.Batch(len(seq))
-        b.add_many(seq, 0)
-        lx.decode(tgt, b)
-        h = lx.get_embeddings_nextn(tgt, len(seq))
-        hb = lx.Batch(len(seq), E)
-        for p, t in enumerate(seq):
-            hb.add(t, p, logits=True, h=h[p - 1] if p else np.zeros(E, np.float32))
-        lx.decode(dft, hb)
-        head = lx.logits_rows(dft, len(seq), V).copy()
-    finally:
-        lx.free_context(dft)
-        lx.free_context(tgt)
-        lx.free_model(m)
+    head = _head_logits(s["full"], seq)  # one target pass over the sequence, one head pass with shifted h rows
     top2 = np.sort(head, axis=1)[:, -2:]
     for pos, d1 in firsts:
         if int(head[pos].argmax()) != d1:
@@ -325,27 +305,7 @@ def test_chained_heads_parity(tmp_path, record_property):
     # head 0's first drafts equal a one-batch reference pass of head 0 over the whole sequence:
     # the per-head catch-up (seq_rm + re-decode under each head) leaves head 0's KV intact
     seq = prompt + ref
-    m = lx.load_model(path, load_mtp=True)
-    tgt = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS)
-    dft = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, ctx_type=lx.CTX_TYPE_MTP, ctx_other=tgt)
-    try:
-        lx.set_embeddings_nextn(tgt, True, False)
-        lx.set_embeddings_nextn(dft, True, True)
-        E, V = lx.n_embd_out(m), lx.n_vocab(m)
-        b = lx.Batch(len(seq))
-        b.add_many(seq, 0)
-        lx.decode(tgt, b)
-        h = lx.get_embeddings_nextn(tgt, len(seq))
-        hb = lx.Batch(len(seq), E)
-        for p, tok in enumerate(seq):
-            hb.add(tok, p, logits=True, h=h[p - 1] if p else np.zeros(E, np.float32))
-        lx.set_nextn_layer_offset(dft, 0)
-        lx.decode(dft, hb)
-        head0 = lx.logits_rows(dft, len(seq), V).copy()
-    finally:
-        lx.free_context(dft)
-        lx.free_context(tgt)
-        lx.free_model(m)
+    head0 = _head_logits(path, seq)
     top2 = np.sort(head0, axis=1)[:, -2:]
     checked = 0
     for pos, d1 in firsts:
@@ -407,6 +367,38 @@ def test_registry_one_module_per_spec_type():
 # -- issue 29: every draft position is fed the right hidden state ---------------------------------
 
 
+@contextlib.contextmanager
+def _target_and_head(path: Path, seq: list[int]):
+    """The model with its head, a target context that decoded `seq` in one batch, an MTP context on
+    it: yields (model, the MTP context, the target's h rows of seq)."""
+    m = lx.load_model(path, load_mtp=True)
+    tgt = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, n_rs_seq=1)
+    dft = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, ctx_type=lx.CTX_TYPE_MTP, ctx_other=tgt)
+    try:
+        lx.set_embeddings_nextn(tgt, True, False)
+        lx.set_embeddings_nextn(dft, True, True)
+        b = lx.Batch(len(seq))
+        b.add_many(seq, 0)
+        lx.decode(tgt, b)
+        yield m, dft, lx.get_embeddings_nextn(tgt, len(seq))
+    finally:
+        lx.free_context(dft)
+        lx.free_context(tgt)
+        lx.free_model(m)
+
+
+def _head_logits(path: Path, seq: list[int]) -> np.ndarray:
+    """Head 0's logits at every position of `seq`, fed as ARCHITECTURE §3 pairs them, in one batch."""
+    with _target_and_head(path, seq) as (m, dft, h):
+        E, V = lx.n_embd_out(m), lx.n_vocab(m)
+        hb = lx.Batch(len(seq), E)
+        for p, tok in enumerate(seq):
+            hb.add(tok, p, logits=True, h=h[p - 1] if p else np.zeros(E, np.float32))
+        lx.set_nextn_layer_offset(dft, 0)
+        lx.decode(dft, hb)
+        return lx.logits_rows(dft, len(seq), V).copy()
+
+
 def _recorded_steps(rt: Runtime, prompt: list[int], n: int) -> tuple[list[int], list[tuple[int, int, list[int]]]]:
     """The final sequence and each step's (pos, id_last, drafts), from a greedy run at N = n."""
     steps: list[tuple[int, int, list[int]]] = []
@@ -429,18 +421,9 @@ def _reference_drafts(path: Path, seq: list[int], steps, chain: bool) -> list[li
     before). Chained heads: draft i by head i over [id_last, d1..d_i], each row decoded alone.
     Returns each step's (reference token, top-2 logit gap) per position, continuing with the
     drafter's own tokens so that one tie does not shift the rest."""
-    m = lx.load_model(path, load_mtp=True)
-    tgt = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, n_rs_seq=1)
-    dft = lx.create_context(m, n_ctx=256, n_batch=128, n_threads=THREADS, ctx_type=lx.CTX_TYPE_MTP, ctx_other=tgt)
     out: list[list[tuple[int, float]]] = []
-    try:
-        lx.set_embeddings_nextn(tgt, True, False)
-        lx.set_embeddings_nextn(dft, True, True)
+    with _target_and_head(path, seq) as (m, dft, h_t):
         E, V = lx.n_embd_out(m), lx.n_vocab(m)
-        b = lx.Batch(len(seq))
-        b.add_many(seq, 0)
-        lx.decode(tgt, b)
-        h_t = lx.get_embeddings_nextn(tgt, len(seq))
         n_heads = lx.n_layer_nextn(m)
         one = lx.Batch(1, E)
 
@@ -481,10 +464,6 @@ def _reference_drafts(path: Path, seq: list[int], steps, chain: bool) -> list[li
                 lx.memory_seq_rm(dft, 0, pos, -1)
             out.append(got)
         lx.set_nextn_layer_offset(dft, 0)
-    finally:
-        lx.free_context(dft)
-        lx.free_context(tgt)
-        lx.free_model(m)
     return out
 
 
@@ -503,22 +482,37 @@ def _check_against_reference(path: Path, rt: Runtime, prompt: list[int], n: int,
     return later
 
 
+def _as_recorded(arch: str, known: bool):
+    """The arch's record as the table has it, or with its graph's h order unknown (every row of a
+    merged decode an output: the fallback)."""
+    from dataclasses import replace
+
+    from gguf_tools import archs
+
+    rec = archs.record(arch)
+    assert rec is not None and rec.nextn_h is not None
+    return contextlib.nullcontext() if known else archs.registered(replace(rec, nextn_h=None))
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["by-record", "every-row-an-output"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_later_drafts_read_their_own_rows_hidden_state(models, arch):
+def test_later_drafts_read_their_own_rows_hidden_state(models, arch, known):
     """Drafts at positions 2.. after an accepted step (catch-up rows and the draft row in one
     decode) equal one-row-decode references: the head is fed the draft row's own h, not the first
     catch-up row's (which llama.cpp's masked extraction returned while only the draft row was an
     output)."""
     s = models(arch, head_noise=1.0, **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with _as_recorded(arch, known), Runtime(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         later = sum(_check_against_reference(s["full"], rt, prompt, n, chain=False) for n in (1, 2, 3, 4))
+        assert rt._ctx is not None and rt._ctx.drafters["mtp"].all_outputs is not known  # type: ignore[attr-defined]
     assert later > 20
 
 
-def test_chained_heads_later_drafts_match_the_reference(tmp_path):
+@pytest.mark.parametrize("known", [True, False], ids=["by-record", "every-row-an-output"])
+def test_chained_heads_later_drafts_match_the_reference(tmp_path, known):
     path = write_tiny_mimo2(tmp_path / "mimo2-3heads.gguf", n_heads=3, mix=2.0, head_noise=1.0)
-    with Runtime(path, spec_type="mtp") as rt:
+    with _as_recorded("mimo2", known), Runtime(path, spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         later = sum(_check_against_reference(path, rt, prompt, n, chain=True) for n in (2, 3, 4))
     assert later > 10

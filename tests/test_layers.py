@@ -1,4 +1,4 @@
-"""The house rules (DESIGN 2): imports point down only, no cycle (function-local imports included),
+"""The house rules (ARCHITECTURE §2): imports point down only, no cycle (function-local imports included),
 llama.cpp only behind mtp_cli.llama_ext, click and rich only in the CLI; modules and functions small;
 `mtp-cli --help` and the GGUF commands never load llama.cpp."""
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import gguf
 
+from gguf_tools.archs import HF_HEAD_ARCHS, record
 from gguf_tools.errors import BadFileError, MismatchError
 from gguf_tools.hf.files import Catalog
-from gguf_tools.names import HF_NEXTN_ARCHS, HF_QWEN_ARCHS
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _QUANT_SUFFIXES = ("_scale_inv", ".weight_scale", ".weight_scale_2", ".input_scale", ".qweight", ".qzeros", ".scales")
@@ -75,16 +75,13 @@ class Family:
 
 QWEN = Family("'mtp.' (or 'model.mtp.')", _qwen_head_name, plus_one_norms=True, nextn_on_every_head=False)
 NEXTN = Family("'model.layers.{n}.'", _nextn_head_name, plus_one_norms=False, nextn_on_every_head=True)
-FAMILIES: dict[str, Family] = {
-    **{a: QWEN for a in HF_QWEN_ARCHS},
-    **{a: NEXTN for a in HF_NEXTN_ARCHS},
-    "deepseek2": replace(NEXTN, split_kv_b=True),
-}
-HF_HEAD_ARCHS = frozenset(FAMILIES)
+FAMILIES: dict[str, Family] = {"qwen": QWEN, "nextn": NEXTN, "nextn-mla": replace(NEXTN, split_kv_b=True)}
 
 
 def family_of(arch: str) -> Family:
-    fam = FAMILIES.get(arch)
+    """The family of `arch`'s HF checkpoints (its ArchRecord.hf_family)."""
+    rec = record(arch)
+    fam = FAMILIES.get(rec.hf_family) if rec is not None and rec.hf_family else None
     if fam is None:
         raise MismatchError(
             f"HF safetensors heads are not supported for trunk arch {arch!r} "

@@ -25,7 +25,7 @@ def problems(scan: Prescan, *, mtp: bool | None = None) -> list[Problem]:
     out: list[Problem] = []
     for fn in sorted(CHECKS, key=lambda f: _ORDER.index(f.__module__.rsplit(".", 1)[-1])):
         for p in fn(h):
-            if (not p.rule.mtp or use_mtp) and (not p.rule.archs or h.arch in p.rule.archs):
+            if (not p.rule.mtp or use_mtp) and p.rule.applies(h.arch):
                 out.append(p)
     return out
 

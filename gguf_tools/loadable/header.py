@@ -10,7 +10,7 @@ from typing import Any
 from gguf import GGUFValueType
 
 from gguf_tools.limits import RULE, Rule
-from gguf_tools.prescan import ArrayValue, Prescan, TensorEntry
+from gguf_tools.prescan import SCALAR_FORMATS, ArrayValue, Prescan, TensorEntry
 
 _VERB = {
     "refuses": "refuses it",
@@ -117,14 +117,4 @@ class Header:
         return v if isinstance(v, ArrayValue) and v.etype == GGUFValueType.STRING else None
 
 
-_INT_TYPES = {
-    GGUFValueType.UINT8,
-    GGUFValueType.INT8,
-    GGUFValueType.UINT16,
-    GGUFValueType.INT16,
-    GGUFValueType.UINT32,
-    GGUFValueType.INT32,
-    GGUFValueType.UINT64,
-    GGUFValueType.INT64,
-    GGUFValueType.BOOL,
-}
+_INT_TYPES = {t for t, code in SCALAR_FORMATS.items() if code not in "fd"}  # (bool counts: llama.cpp reads it)

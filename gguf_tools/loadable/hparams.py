@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 from gguf import GGUFValueType as T
 
+from gguf_tools.archs import is_
 from gguf_tools.limits import EXPERT_GATING_FUNCS, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ROPE_SCALING_TYPES
 from gguf_tools.loadable.header import Header, Problem, check, problem
 
-_SSM = ("qwen35", "qwen35moe", "qwen3next")
 _UNIFORM = (
     "attention.head_count",
     "attention.head_count_kv",
@@ -18,7 +18,6 @@ _UNIFORM = (
     "expert_used_count",
     "expert_feed_forward_length",
 )
-_PER_LAYER_HEADS = ("mimo2", "step35", "gemma4", "gemma4-assistant")
 
 
 @check
@@ -59,7 +58,7 @@ def experts(h: Header) -> Iterator[Problem]:
 @check
 def attention(h: Header) -> Iterator[Problem]:
     heads, kv = h.per_layer("attention.head_count"), h.kv_heads()
-    recr = recurrent_blocks(h) if h.arch in _SSM else None
+    recr = recurrent_blocks(h) if is_(h.arch, "recurrent") else None
     for il, (a, b) in enumerate(zip(heads, kv)):
         if recr is not None and il < len(recr) and recr[il]:
             continue  # a recurrent block has no attention
@@ -72,7 +71,7 @@ def attention(h: Header) -> Iterator[Problem]:
                 + (f" (block {il})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""),
             )
             break
-    if h.arch not in _PER_LAYER_HEADS:
+    if not is_(h.arch, "per_layer_heads"):
         for name in _UNIFORM:
             vals = h.ints(name)
             if vals is not None and recr is not None:  # recurrent blocks may say 0
@@ -101,7 +100,7 @@ def rope(h: Header) -> Iterator[Problem]:
         yield problem("rope-scaling-type", k, f"{k} = {st!r}, llama.cpp knows {', '.join(ROPE_SCALING_TYPES)}")
     dk, dv, n_rot = h.head_dims()
     kr = h.key("rope.dimension_count")
-    if h.arch in ("llama", "qwen2", "qwen3") and h.per_layer("attention.head_count")[0] and n_rot != dk:
+    if is_(h.arch, "rope_exact") and h.per_layer("attention.head_count")[0] and n_rot != dk:
         yield problem("rope-dims-exact", kr, f"{kr} = {n_rot}, {h.arch} needs the head dimension, {dk}")
     elif h.arch != "deepseek2" and dk and not (0 < n_rot <= dk and n_rot % 2 == 0):
         yield problem("rope-dims", kr, f"{kr} = {n_rot}, it must be even and 1 to the head dimension {dk}")
@@ -115,13 +114,13 @@ def _sections(h: Header, dk: int) -> Iterator[Problem]:
     k = h.key("rope.dimension_sections")
     s = h.ints("rope.dimension_sections")
     if s is None:
-        if h.arch in ("qwen35", "qwen35moe") and not h.has("rope.dimension_sections"):
+        if is_(h.arch, "sections_required") and not h.has("rope.dimension_sections"):
             yield problem("required-key", k, f"{k} is missing")
         return
     if len(s) != 4:
         yield problem("layer-array-length", k, f"{k} has {len(s)} entries, llama.cpp reads 4")
         return
-    multi = h.arch in _SSM or (h.arch == "glm4moe" and s[0] > 0 and s[1] > 0)
+    multi = is_(h.arch, "mrope") or (h.arch == "glm4moe" and s[0] > 0 and s[1] > 0)
     if multi and not (max(s[:3]) > 0 and 0 < sum(s) <= dk):
         yield problem("rope-sections", k, f"{k} = {s}: the sections must sum to 1..{dk} (the head dimension)")
 
@@ -129,20 +128,20 @@ def _sections(h: Header, dk: int) -> Iterator[Problem]:
 @check
 def per_arch(h: Header) -> Iterator[Problem]:
     gating = h.u32("expert_gating_func")
-    if h.arch in ("glm4moe", "deepseek2", "step35") and gating not in EXPERT_GATING_FUNCS:
+    if is_(h.arch, "expert_gating") and gating not in EXPERT_GATING_FUNCS:
         k = h.key("expert_gating_func")
         yield problem("expert-gating", k, f"{k} = {gating}, llama.cpp knows 1 to 4")
     if h.arch == "glm4moe":
         if h.u32("expert_count") == 0 or h.per_layer("expert_used_count")[0] == 0:
             k = h.key("expert_count")
             yield problem("glm4moe-experts", k, f"{k} and expert_used_count must be > 0 for glm4moe")
-    if h.arch in _SSM:
+    if is_(h.arch, "recurrent"):
         yield from _ssm(h)
     if h.arch in ("gemma4", "gemma4-assistant"):
         yield from _gemma4(h)
     if h.arch == "deepseek2":
         yield from _deepseek2(h)
-    if h.arch in ("mimo2", "step35"):
+    if is_(h.arch, "swa_pattern"):
         yield from _swa(h)
 
 
@@ -241,9 +240,9 @@ def _swa(h: Header) -> Iterator[Problem]:
 def head_block(h: Header) -> Iterator[Problem]:
     n, n_trunk = h.n_nextn, h.n_layers - h.n_nextn
     kn = h.key("nextn_predict_layers")
-    if n > 1 and h.arch != "step35":
+    if n > 1:  # (the rule holds for the archs whose record says one_head_block)
         yield problem("one-head-block", kn, f"{kn} = {n}; llama.cpp's {h.arch} MTP graph runs one head block")
-    if h.arch in ("glm4moe", "deepseek2") and n and h.u32("leading_dense_block_count") > n_trunk:
+    if is_(h.arch, "dense_lead") and n and h.u32("leading_dense_block_count") > n_trunk:
         k = h.key("leading_dense_block_count")
         yield problem(
             "head-block-moe", k, f"{k} = {h.u32('leading_dense_block_count')} reaches the head block ({n_trunk})"

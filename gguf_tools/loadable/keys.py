@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gguf import GGUFValueType as T
 
+from gguf_tools.archs import record
 from gguf_tools.limits import GGML_MAX_NAME, GGUF_MAX_ARRAY, GGUF_MAX_STRING, LLAMA_MAX_LAYERS
 from gguf_tools.loadable.header import Header, Problem, check, problem
 from gguf_tools.prescan import ArrayValue
@@ -124,37 +125,14 @@ FLAG_ARRAYS = (
     "swiglu_clamp_exp",
     "swiglu_clamp_shexp",
 )
-REQUIRED = {  # `{arch}.name` keys load_hparams reads with required = true
-    "*": ("context_length", "embedding_length", "block_count"),
-    "rms": ("attention.layer_norm_rms_epsilon",),
-    "glm4moe": ("expert_feed_forward_length", "expert_shared_count"),
-    "deepseek2": ("attention.kv_lora_rank", "expert_feed_forward_length", "expert_shared_count"),
-    "mimo2": ("attention.sliding_window", "expert_feed_forward_length"),
-    "step35": ("attention.sliding_window", "expert_feed_forward_length"),
-    "gemma4": (
-        "attention.sliding_window",
-        "attention.key_length_swa",
-        "attention.value_length_swa",
-        "embedding_length_per_layer_input",
-    ),
-    "gemma4-assistant": ("attention.sliding_window", "attention.key_length_swa", "attention.value_length_swa"),
-    "qwen35": ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"),
-}
-REQUIRED["qwen35moe"] = REQUIRED["qwen3next"] = REQUIRED["qwen35"]
-_RMS_ARCHS = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "glm4moe",
-    "deepseek2",
-    "mimo2",
-    "step35",
-    "qwen35",
-    "qwen35moe",
-    "qwen3next",
-    "gemma4",
-    "gemma4-assistant",
-)
+REQUIRED = ("context_length", "embedding_length", "block_count")  # every arch's load_hparams (required = true)
+RMS_EPS = "attention.layer_norm_rms_epsilon"  # for the archs whose record says rms; the rest: ArchRecord.required
+
+
+def required_keys(arch: str) -> tuple[str, ...]:
+    """The `{arch}.name` keys llama.cpp's loader requires of `arch`."""
+    rec = record(arch)
+    return REQUIRED + ((RMS_EPS,) if rec and rec.rms else ()) + (rec.required if rec else ())
 
 
 @check
@@ -236,7 +214,6 @@ def required(h: Header) -> Iterator[Problem]:
     if not isinstance(arch_v, str) or not arch_v:
         yield problem("architecture", "general.architecture", "general.architecture is missing")
         return
-    names = REQUIRED["*"] + (REQUIRED["rms"] if h.arch in _RMS_ARCHS else ()) + REQUIRED.get(h.arch, ())
-    for name in names:
+    for name in required_keys(h.arch):
         if not h.has(name):
             yield problem("required-key", h.key(name), f"{h.key(name)} is missing")

@@ -1,7 +1,7 @@
 """The model's own MTP head(s) (the target GGUF loaded with load_mtp, or an MTP sidecar `-md`) in an
 LLAMA_CONTEXT_TYPE_MTP context paired with the target context.
 
-Pairing (DESIGN 3): the MTP input at position p is token x_p with the target's h row of p-1. The
+Pairing (ARCHITECTURE §3): the MTP input at position p is token x_p with the target's h row of p-1. The
 catch-up rows (accepted tokens with their target h rows) and the first draft row (id_last, pos,
 h of pos-1) go in ONE decode with logits on the last row only; then one decode per further draft
 token, each fed the head's own h row. Draft-paired rows are removed after verification
@@ -21,6 +21,7 @@ from typing import Optional
 
 import numpy as np
 
+from gguf_tools.archs import NextnH, record
 from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.loadable.assistant import assistant_problem
 from gguf_tools.names import ASSISTANT_ARCHS
@@ -34,12 +35,14 @@ from mtp_cli.sampling import ConfidenceProbe
 # one-row batch keeps its compute buffer small (the attention mask grows as n_ctx x n_batch: at
 # n_ctx 131072 the tiny pair's is 256 MiB at n_batch 512, 0.5 MiB at 1).
 SHARED_N_BATCH = 1
-# A merged decode (catch-up rows + the draft row) marks every row an output: most MTP graphs
-# (glm4moe, qwen35, deepseek2, ...) take h before selecting the output rows, and llama.cpp's masked
-# h extraction copies the first n_outputs rows, so with the draft row alone an output, `_ith` of it
-# returned the FIRST catch-up row's h and drafts 2.. were fed the wrong state. With every row an
-# output the row at the draft's index is the draft row's, for those graphs and for those that take
-# the rows first (step35, mimo2) alike. Longer catch-ups (a prompt) are decoded apart first.
+# The draft row's h after a merged decode (catch-up rows + the draft row, logits on the draft row):
+# llama.cpp's masked h extraction copies the first n_outputs rows of the graph's h, so where the
+# MTP graph takes h before selecting the output rows (glm4moe, qwen35, deepseek2, ...: ArchRecord
+# nextn_h "all_rows") `_ith` of the draft row returned the FIRST catch-up row's h and drafts 2..
+# were fed the wrong state. Those heads extract unmasked (every row, by batch index); graphs that
+# select the rows first (step35, mimo2: "output_rows") stay masked (unmasked aborts there); for a
+# graph the table does not describe every row of the merge is an output, right for both kinds, and
+# a longer catch-up (a prompt) is decoded apart first so that at most MERGE_ROWS rows are outputs.
 MERGE_ROWS = DRAFT_N_MAX_LIMIT + 1
 
 _now = time.perf_counter
@@ -69,7 +72,7 @@ class MtpDrafter(Drafter):
         n_vocab_target: int,
         p_min: float = 0.0,
         kv: Optional[lx.KvOptions] = None,
-        n_outputs: int = MERGE_ROWS,
+        nextn_h: NextnH = None,
     ):
         super().__init__()
         self.tgt = target_ctx
@@ -81,11 +84,13 @@ class MtpDrafter(Drafter):
             kv=kv,
             ctx_type=lx.CTX_TYPE_MTP,
             ctx_other=target_ctx,
-            n_outputs_max=n_outputs,
+            n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
             n_rs_seq=0,
         )
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
-        lx.set_embeddings_nextn(self.ctx, True, True)  # head: h rows for output rows only
+        # head: h rows for output rows only, or for every row where its graph keeps them all (MERGE_ROWS)
+        lx.set_embeddings_nextn(self.ctx, True, nextn_h != "all_rows")
+        self.all_outputs = nextn_h is None
         self.E = lx.n_embd_out(head_model)
         self.n_vocab = lx.n_vocab(head_model)
         self.n_vocab_target = int(n_vocab_target)
@@ -158,7 +163,8 @@ class MtpDrafter(Drafter):
             n_threads=plan.n_threads,
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
-            n_outputs=DRAFT_N_OUTPUTS if shared else MERGE_ROWS,  # (a shared one decodes one row at a time)
+            # (a shared one decodes one row at a time: as if the graph's h were the output rows')
+            nextn_h="output_rows" if shared else head_nextn_h(models),
         )
 
     def configure(self, cfg: GenConfig) -> None:
@@ -243,22 +249,22 @@ class MtpDrafter(Drafter):
         b = self.batch
         if self.mem_shared:
             b.clear()
-        elif b.n_tokens >= (MERGE_ROWS if n_max > 0 else b.capacity):
+        elif b.n_tokens >= (MERGE_ROWS if n_max > 0 and self.all_outputs else b.capacity):
             self.catch_up()
         if n_max <= 0:
             if not self.mem_shared:
                 b.add(id_last, pos, h=self.pending_h)  # stays queued for the next catch-up
             return []
-        # ONE decode: catch-up rows + the first draft row (id_last, pos, h of pos-1), every row an
-        # output (MERGE_ROWS says why)
-        i_last = b.add(id_last, pos, h=self.pending_h)
-        b.logits[: b.n_tokens] = 1
+        # ONE decode: catch-up rows + the first draft row (id_last, pos, h of pos-1) (MERGE_ROWS)
+        i_last = b.add(id_last, pos, logits=True, h=self.pending_h)
+        if self.all_outputs:
+            b.logits[: b.n_tokens] = 1
         self._decode(self.ctx, b)
         b.clear()
         out: list[int] = []
         i_out = i_last
         while True:
-            tok = self._pick(i_out)
+            tok = self._pick(i_out if self.all_outputs else 0)
             if tok is None:
                 break
             out.append(tok)
@@ -289,10 +295,11 @@ class MtpDrafter(Drafter):
             lx.set_nextn_layer_offset(self.ctx, i)
             cb.clear()
             toks = [id_last] + out
-            i_last = cb.add_many(toks, pos, h=self.chain_h[: len(toks)])
-            cb.logits[: cb.n_tokens] = 1  # (every row an output: MERGE_ROWS)
+            i_last = cb.add_many(toks, pos, logits_last=True, h=self.chain_h[: len(toks)])
+            if self.all_outputs:
+                cb.logits[: cb.n_tokens] = 1  # (MERGE_ROWS)
             self._decode(self.ctx, cb)
-            tok = self._pick(i_last)
+            tok = self._pick(i_last if self.all_outputs else 0)
             if tok is None:
                 break
             out.append(tok)
@@ -336,6 +343,13 @@ class MtpDrafter(Drafter):
         return HeadProbe(self, n_rows)
 
 
+def head_nextn_h(models: Models) -> NextnH:
+    """How the drafting model's MTP graph hands out h (its arch's record; None: unknown)."""
+    gf = models.draft_file or models.target_file
+    rec = record(gf.arch)
+    return rec.nextn_h if rec is not None else None
+
+
 class HeadProbe:
     """Times the head's decodes as a step runs them, without advancing its memory: what the cost
     model (mtp_cli.speed.costs) measures. Call after begin/on_prefill/catch_up of a prompt."""
@@ -347,13 +361,12 @@ class HeadProbe:
 
     def decode(self, tokens: Sequence[int], pos: int) -> float:
         """Seconds of one head decode of `tokens` at pos, pos+1, ... (all at pos when sharing the
-        target's memory), each paired with the pending h row, every row an output as in a step's
-        merged decode (the last only when sharing)."""
+        target's memory), each paired with the pending h row, the outputs a step's merged decode has."""
         b, d = self.batch, self.d
         b.clear()
         for j, tok in enumerate(tokens):
             last = j == len(tokens) - 1
-            b.add(tok, pos if self.shares_memory else pos + j, logits=last or not self.shares_memory, h=d.pending_h)
+            b.add(tok, pos if self.shares_memory else pos + j, logits=last or d.all_outputs, h=d.pending_h)
         t = _now()
         lx.decode(d.ctx, b)
         return _now() - t

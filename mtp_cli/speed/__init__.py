@@ -1,7 +1,7 @@
 """Policies and tools over the runtime: how fast each draft setting runs here, and which to use.
 
 runs.py      measuring settings: passes over prompts, repeats interleaved, medians, spreads, names
-costs.py     the cost model's arithmetic (DESIGN 6): what a step costs, when MTP pays
+costs.py     the cost model's arithmetic (ARCHITECTURE §6): what a step costs, when MTP pays
 probe.py     measuring the cost model with llama_decode directly
 evidence.py  decayed acceptance and cost estimates, for the adaptive controller
 adaptive.py  the AdaptiveController: N chosen per step (a DraftPolicy)

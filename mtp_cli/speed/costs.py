@@ -1,4 +1,4 @@
-"""The cost model (DESIGN 6): what one speculative step costs relative to a plain token, and when MTP pays.
+"""The cost model (ARCHITECTURE §6): what one speculative step costs relative to a plain token, and when MTP pays.
 
 T = one plain token's llama_decode; v(N) = a target decode of N+1 tokens with logits on every row
 (and the MTP h rows on), relative to T; c(m) = a step's first head decode, of m rows (it also

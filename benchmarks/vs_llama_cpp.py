@@ -1,0 +1,244 @@
+"""mtp-cli against llama.cpp's own C++ loops on the same file and prompts: plain decoding and MTP.
+
+    python benchmarks/vs_llama_cpp.py [-m MODEL] [--prompts N] [-n 128] [--repeats 3] [-t 1] [--json out.json]
+
+llama.cpp's `llama-completion` (plain) and `llama-speculative-simple` (`--spec-type draft-mtp
+--spec-draft-n-max N`) are built once from the vendored sources of the pinned llama-cpp-python
+(its sdist, with the same compiler fix scripts/llama_build.py applies) into the user cache. Both
+sides get the same chat-rendered prompts (equal token counts, checked), greedy, the same threads;
+mtp-cli runs in this process through the library. Interleaved repeats, medians; per N: tok/s,
+ours/theirs, acceptance, tokens per pass, per-position acceptance (llama.cpp's from its per-step
+debug lines), and whether the greedy texts are identical. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PIN = "llama-cpp-python==0.3.36"
+TARGETS = ("llama-completion", "llama-speculative-simple")
+EVAL = ROOT / "mtp_cli" / "train" / "prompts" / "eval_prompts.txt"
+
+
+def _llama_build():
+    spec = importlib.util.spec_from_file_location("llama_build", ROOT / "scripts" / "llama_build.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["llama_build"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def binaries(cache: Path) -> Path:
+    """The folder of llama.cpp's tools, built once from the pinned sdist's vendored tree."""
+    lb = _llama_build()
+    cc = os.environ.get("CC", "cc")
+    text = lb.version_text(cc)
+    choice = lb.choose(
+        lb.cpu_flags(Path("/proc/cpuinfo").read_text()), lb.parse_version(cc, text), lb.cached_fix_header()
+    )
+    key = lb.wheel_key(choice, set(), text + "tools")
+    out = cache / f"llama.cpp-{key}"
+    if all((out / "bin" / t).exists() for t in TARGETS):
+        return out / "bin"
+    src = cache / "sdist"
+    src.mkdir(parents=True, exist_ok=True)
+    tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    if not tgz:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", PIN, "-d", str(src)],
+            check=True,
+        )
+        tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    tree = src / tgz[-1].name.removesuffix(".tar.gz")
+    if not tree.exists():
+        with tarfile.open(tgz[-1]) as tf:
+            tf.extractall(src, filter="data")
+    args = [a for a in choice.cmake_args if not a.startswith("-DLLAVA")]
+    print(f"building {', '.join(TARGETS)} ({choice.why}) ...", file=sys.stderr, flush=True)
+    build = out / "build"
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(tree / "vendor" / "llama.cpp"),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DBUILD_SHARED_LIBS=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            *args,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    (out / "bin").mkdir(exist_ok=True)
+    for t in TARGETS:
+        (out / "bin" / t).write_bytes((build / "bin" / t).read_bytes())
+        (out / "bin" / t).chmod(0o755)
+    return out / "bin"
+
+
+def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int) -> dict:
+    """One llama.cpp run: what it printed, tok/s, and for MTP the per-step (accepted, drafted). The
+    prompt goes as -p: -f drops a file's final newline (and a chat prompt ends with one)."""
+    common = [
+        "-m",
+        str(model),
+        "-p",
+        prompt,
+        "-n",
+        str(n),
+        "--temp",
+        "0",
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        "2048",
+        "--seed",
+        "0",
+    ]
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    if n_max == 0:
+        cmd = [str(bins / "llama-completion"), *common, "-no-cnv", "--no-display-prompt"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        # its perf lines time the decodes ("eval") and the sampler apart; ours is the loop's wall time,
+        # so both are added (its first token is the prompt pass's, as ours)
+        m = re.search(r"\n[^\n]*?\beval time =\s*([\d.]+) ms /\s*(\d+) runs", r.stderr)
+        smp = re.search(r"sampling time =\s*([\d.]+) ms", r.stderr)
+        if r.returncode != 0 or not m or not smp:
+            raise SystemExit(f"llama-completion failed: {r.stderr[-600:]}")
+        ms = float(m.group(1)) + float(smp.group(1))
+        return {"text": r.stdout, "tps": int(m.group(2)) / ms * 1000.0, "steps": []}
+    cmd = [
+        str(bins / "llama-speculative-simple"),
+        *common,
+        "--spec-type",
+        "draft-mtp",
+        "--spec-draft-n-max",
+        str(n_max),
+        "--spec-draft-n-min",
+        "0",
+        "-v",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", r.stderr)
+    if r.returncode != 0 or not m:
+        raise SystemExit(f"llama-speculative-simple failed: {r.stderr[-600:]}")
+    steps = [(int(a), int(k)) for a, k in re.findall(r"accepted (\d+)/(\d+) draft tokens", r.stderr)]
+    return {"text": r.stdout, "tps": float(m.group(3)), "steps": steps}
+
+
+def by_position(steps: list[tuple[int, int]], n_max: int) -> list[float]:
+    """Acceptance at draft position i (accepted / drafted there) from per-step (accepted, drafted)."""
+    out = []
+    for i in range(1, n_max + 1):
+        drafted = sum(1 for _, k in steps if k >= i)
+        out.append(sum(1 for a, k in steps if k >= i and a >= i) / drafted if drafted else 0.0)
+    return out
+
+
+def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ns: list[int]) -> dict:
+    """Ours (the library, this process) and theirs (a process each), interleaved: tok/s, texts, stats."""
+    from mtp_cli import chat
+    from mtp_cli.config import GenConfig
+    from mtp_cli.runtime import Runtime
+
+    rows: dict[int, dict[str, list]] = {n: {"ours": [], "theirs": [], "same": [], "st_o": [], "st_t": []} for n in ns}
+    with Runtime(model, spec_type="mtp") as rt:
+        bos, eos = rt.special_texts()
+        rendered = [chat.chat_prompt(rt.file, t, bos, eos) for t in texts]
+        toks = [rt.tokenize(t, add_special=True, parse_special=True) for t in rendered]
+        for r in range(a.repeats):
+            for n in ns if r % 2 == 0 else list(reversed(ns)):
+                for text, tk in zip(rendered, toks):
+                    spec = "mtp" if n else "none"
+                    cfg = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, spec_type=spec,
+                                    draft_n_max=max(n, 1))  # fmt: skip
+                    ours_text = "".join(ev.text for ev in rt.generate(tk, cfg))
+                    st = rt.stats
+                    t = theirs(bins, model, text, a.n, n, a.threads)
+                    rows[n]["ours"].append(st.tokens_per_second)
+                    rows[n]["theirs"].append(t["tps"])
+                    rows[n]["same"].append(ours_text in t["text"])  # (llama.cpp prints the prompt first)
+                    if r == 0:
+                        rows[n]["st_o"].append(st)
+                        rows[n]["st_t"].extend(t["steps"])
+    return rows
+
+
+def row(n: int, r: dict) -> dict:
+    """One N's medians, ratio, acceptance (pooled over the first repeat's prompts), texts."""
+    from mtp_cli.stats import GenStats
+
+    o, t = statistics.median(r["ours"]), statistics.median(r["theirs"])
+    out = {"n": n, "ours": o, "theirs": t, "same_text": all(r["same"])}
+    if n:
+        pooled, steps = GenStats.pooled(r["st_o"]), r["st_t"]
+        out |= {
+            "acceptance": pooled.acceptance,
+            "acceptance_theirs": sum(x for x, _ in steps) / max(1, sum(k for _, k in steps)),
+            "tokens_per_pass": pooled.tokens_per_pass,
+            "by_pos": pooled.acceptance_by_pos,
+            "by_pos_theirs": by_position(steps, n),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", type=Path, help="GGUF with an MTP head [default: the demo model]")
+    ap.add_argument("--prompts", type=int, default=6, help="held-out chat prompts used (of eval_prompts.txt)")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("--ns", default="1,2,3,4")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    from mtp_cli.demo import demo_model
+    from mtp_cli.prompts import read_prompts
+    from mtp_cli.user_cache import cache_dir
+
+    model = a.model or demo_model()
+    ns = [0] + [int(x) for x in a.ns.split(",")]
+    texts = read_prompts(EVAL)[: a.prompts]
+    rows = measure(a, model, binaries(cache_dir()), texts, ns)
+    print(f"{model.name}; {len(texts)} held-out chat prompts, {a.n} tokens, greedy, -t {a.threads}, "
+          f"{a.repeats} interleaved repeats (medians)")  # fmt: skip
+    print(f"{'':10} {'ours t/s':>9} {'theirs':>9} {'ratio':>6}  {'acc ours':>8} {'theirs':>7}  {'tok/pass':>8}  "
+          "by position (ours | theirs)  same text")  # fmt: skip
+    result = [row(n, rows[n]) for n in ns]
+    for x in result:
+        label, same = ("plain" if x["n"] == 0 else f"mtp N={x['n']}"), "yes" if x["same_text"] else "NO"
+        if x["n"] == 0:
+            print(f"{label:10} {x['ours']:9.1f} {x['theirs']:9.1f} {x['ours'] / x['theirs']:6.3f}  {'':55}{same}")
+            continue
+        pos = " ".join(f"{p:.2f}" for p in x["by_pos"]) + " | " + " ".join(f"{p:.2f}" for p in x["by_pos_theirs"])
+        acc = f"{x['acceptance']:8.3f} {x['acceptance_theirs']:7.3f}  {x['tokens_per_pass']:8.2f}"
+        print(f"{label:10} {x['ours']:9.1f} {x['theirs']:9.1f} {x['ours'] / x['theirs']:6.3f}  {acc}  {pos:28} {same}")
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
