@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,8 +42,10 @@ FIX_HEADER = Path(__file__).parent / "data" / "gcc12_amx_fix.h"  # (scripts/llam
 def rebuild_command() -> str:
     """How to rebuild llama-cpp-python so that its AMX path is right (GCC 12's intrinsics corrected;
     clang and GCC 13+ need no header, but it does no harm there)."""
+    # scikit-build-core splits CMAKE_ARGS like a shell: the flag and its path stay one argument
+    arg = shlex.quote(f"-DCMAKE_CXX_FLAGS=-include {FIX_HEADER}")
     return (
-        f'CMAKE_ARGS="-DCMAKE_CXX_FLAGS=-include {FIX_HEADER}" pip install --force-reinstall --no-cache-dir '
+        f'CMAKE_ARGS="{arg}" pip install --force-reinstall --no-cache-dir '
         "--no-binary llama-cpp-python llama-cpp-python==0.3.36"
     )
 

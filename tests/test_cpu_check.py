@@ -446,6 +446,16 @@ def test_the_backtrace_debugger_is_off_unless_the_user_set_it(monkeypatch):
     assert os.environ["GGML_NO_BACKTRACE"] == "0"
 
 
+def test_the_rebuild_command_reaches_cmake_as_one_flag():
+    """The line's command, as a shell runs it and scikit-build-core splits CMAKE_ARGS (shlex)."""
+    import shlex
+
+    words = shlex.split(cpu_check.rebuild_command())
+    assert words[0].startswith("CMAKE_ARGS=") and "llama-cpp-python==0.3.36" in words
+    assert shlex.split(words[0].removeprefix("CMAKE_ARGS=")) == [f"-DCMAKE_CXX_FLAGS=-include {cpu_check.FIX_HEADER}"]
+    assert cpu_check.FIX_HEADER.is_file()
+
+
 def test_signal_names_for_exit_codes():
     assert cpu_check.died(-signal.SIGILL) == "SIGILL"
     assert cpu_check.died(3, "boom\nlast line") == "exit 3 (last line)"
