@@ -365,3 +365,29 @@ def test_tune_and_bench_without_a_model_run_the_demo_as_generate_does(tiny, monk
     assert r.exit_code == 0 and json.loads(r.stdout)["model"] == str(tiny["full"]), r.output
     r = CliRunner().invoke(main, ["tune", "--budget", "3", "--n-max", "2", "--no-save", "-t", "1", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["model"] == str(tiny["full"]), r.output
+
+
+def test_demo_defaults_fill_only_what_was_not_given():
+    """The demo's defaults (greedy, MTP with auto N, a repeat penalty of 1.1); a flag or a
+    LLAMA_ARG_* variable the user gave wins."""
+    import click
+
+    from mtp_cli.cli import gen_options as go
+
+    seen: dict = {}
+
+    @click.command()
+    @click.option("--spec-type", "spec_type", default=None)
+    @click.option("--spec-draft-n-max", "draft_n_max", default=3)
+    @click.option("--temp", default=0.8)
+    @click.option("--repeat-penalty", "repeat_penalty", default=1.0, envvar="LLAMA_ARG_REPEAT_PENALTY")
+    def cmd(**opts):
+        go.demo_settings(opts)
+        seen.update(opts)
+
+    assert CliRunner().invoke(cmd, []).exit_code == 0
+    assert seen == {"spec_type": "mtp", "draft_n_max": "auto", "temp": 0.0, "repeat_penalty": go.DEMO_REPEAT_PENALTY}
+    assert CliRunner().invoke(cmd, ["--repeat-penalty", "1", "--temp", "0.5"]).exit_code == 0
+    assert (seen["repeat_penalty"], seen["temp"]) == (1.0, 0.5)
+    assert CliRunner().invoke(cmd, [], env={"LLAMA_ARG_REPEAT_PENALTY": "1.3"}).exit_code == 0
+    assert seen["repeat_penalty"] == 1.3

@@ -136,9 +136,14 @@ def gen_config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
     return GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}), draft_n
 
 
+DEMO_REPEAT_PENALTY = 1.1
+
+
 def demo_settings(opts: dict[str, Any]) -> None:
     """The demo model's defaults for the options not given on the command line (nor by LLAMA_ARG_*):
-    MTP with the tuned or adaptive N, greedy."""
+    MTP with the tuned or adaptive N, greedy, llama.cpp's classic repeat penalty (1.1 over the last
+    64 tokens: a 135M model's greedy answer can loop, and did, once AMX's kernels flipped a near-tie
+    in the demo prompt's, until the context was full). Drafting keeps the penalized output exact."""
     ctx = click.get_current_context()
     given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
     if not given("spec_type"):
@@ -147,6 +152,8 @@ def demo_settings(opts: dict[str, Any]) -> None:
         opts["draft_n_max"] = "auto"
     if not given("temp"):
         opts["temp"] = 0.0
+    if not given("repeat_penalty"):
+        opts["repeat_penalty"] = DEMO_REPEAT_PENALTY
 
 
 __all__ = ["context", "sampling", "drafting", "gen_config", "demo_settings", "SpecTypeParam", "DraftNParam"]
