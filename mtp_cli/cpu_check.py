@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from gguf_tools.probe_model import PROBE_TYPES, write_probe_model
+from mtp_cli import llama_ext as lx
 from mtp_cli.errors import LlamaError
+from mtp_cli.llama_ext import buffers
+from mtp_cli.llama_ext.buffers import AMX
+from mtp_cli.llama_ext.build import build_info
 from mtp_cli.user_cache import cache_dir
 
 log = logging.getLogger(__name__)
@@ -66,8 +71,6 @@ class Verdict:
 
 
 def kept_for(setting: str, offered: tuple[str, ...]) -> tuple[str, ...]:
-    from mtp_cli.llama_ext.buffers import AMX
-
     if setting == ALL:
         return offered
     return tuple(b for b in offered if b != AMX) if setting == NO_AMX else ()
@@ -75,8 +78,6 @@ def kept_for(setting: str, offered: tuple[str, ...]) -> tuple[str, ...]:
 
 def candidates(offered: tuple[str, ...]) -> tuple[str, ...]:
     """The settings worth probing, in order (no-amx only where it differs from both others)."""
-    from mtp_cli.llama_ext.buffers import AMX
-
     if not offered:
         return ()
     middle = (NO_AMX,) if AMX in offered and len(offered) > 1 else ()
@@ -129,8 +130,6 @@ def died(returncode: int, stderr: str = "") -> str:
 
 def run_check(offered: tuple[str, ...], run_probe: Probe) -> tuple[str, dict[str, str]]:
     """The first setting whose probe survives, and how the ones before it died."""
-    from gguf_tools.probe_model import PROBE_TYPES, write_probe_model
-
     failed: dict[str, str] = {}
     order = candidates(offered)
     with tempfile.TemporaryDirectory(prefix="mtp-cli-cpu-check-") as tmp:
@@ -162,8 +161,6 @@ def _torch() -> bool:
 
 def decide(offered: tuple[str, ...], probed: str, forced: Optional[bool], torch: bool) -> tuple[str, str]:
     """(setting, why): the probe's setting unless the user forced one; never AMX beside torch."""
-    from mtp_cli.llama_ext.buffers import AMX
-
     setting, why = probed, ""
     if forced is not None:
         setting, why = (ALL, "--repack") if forced else (NONE, "--no-repack")
@@ -176,9 +173,6 @@ def ensure(forced: Optional[bool] = None, *, refresh: bool = False, run_probe: O
     """Decide (once per process; the probe once per build and CPU) which extra buffer types models
     may use, apply it, and return the verdict. `forced`: --repack (True: all) / --no-repack (False).
     Raises LlamaError when even a decode without extra buffer types dies."""
-    from mtp_cli.llama_ext import buffers
-    from mtp_cli.llama_ext.build import build_info
-
     if _applied and not refresh and forced is None:
         return _applied[-1]
     offered = buffers.offered()
@@ -242,8 +236,6 @@ def forget() -> None:
 
 def recheck(run_probe: Optional[Probe] = None) -> Verdict:
     """Run the probes again, whatever the cache said (`mtp-cli doctor`), and apply the verdict."""
-    from mtp_cli.llama_ext.build import build_info
-
     _cache_file(check_key(build_info().fingerprint, cpu_features())).unlink(missing_ok=True)
     forget()
     return ensure(run_probe=run_probe)
@@ -251,8 +243,6 @@ def recheck(run_probe: Optional[Probe] = None) -> Verdict:
 
 def cached() -> Optional[dict[str, object]]:
     """What the cache holds for this build and CPU (None: the check has not run), without running it."""
-    from mtp_cli.llama_ext.build import build_info
-
     try:
         saved = json.loads(_cache_file(check_key(build_info().fingerprint, cpu_features())).read_text())
     except (OSError, ValueError):
@@ -262,9 +252,6 @@ def cached() -> Optional[dict[str, object]]:
 
 def summary_lines() -> list[str]:
     """The build's compiler and AMX path, and the check's cached verdict (--version, doctor)."""
-    from mtp_cli.llama_ext import buffers
-    from mtp_cli.llama_ext.build import build_info
-
     offered = buffers.offered()
     amx = "in the build" if buffers.AMX in offered else "compiled out"
     saved = cached()
@@ -284,9 +271,6 @@ def summary_lines() -> list[str]:
 
 def _child(setting: str, folder: Path) -> int:
     """The probe itself: load each probe model with `setting`'s buffers, decode a 4-token batch."""
-    from mtp_cli import llama_ext as lx
-    from mtp_cli.llama_ext import buffers
-
     lx.quiet_logs()
     buffers.keep(kept_for(setting, buffers.offered()))
     for path in sorted(folder.glob("probe-*.gguf")):
