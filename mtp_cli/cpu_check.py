@@ -208,9 +208,10 @@ def _probed(key: str, offered: tuple[str, ...], run_probe: Probe) -> tuple[str, 
     setting, failed = run_check(offered, run_probe)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"setting": setting, "failed": failed, "offered": list(offered)}))
-        tmp.replace(path)
+        # a temporary of its own: two commands checking at once each write theirs, the last one wins
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(json.dumps({"setting": setting, "failed": failed, "offered": list(offered)}))
+        Path(f.name).replace(path)
     except OSError as e:  # (a read-only cache: the check runs again next time, nothing else is lost)
         log.warning("could not save the CPU self-check's verdict in %s: %s", path, e)
     return setting, failed, True

@@ -379,6 +379,7 @@ def test_the_verdict_is_kept_per_build_and_cpu_and_said_once(fresh_check, caplog
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "SIGSEGV" in said[0] and "pip install" in said[0], said
     assert (isolated_dirs["cache"] / "cpu-check" / f"{v.key}.json").is_file()
+    assert not list((isolated_dirs["cache"] / "cpu-check").glob("*.tmp"))  # (written whole, then renamed)
     # the next run (a new process: forget) reads the cache: no probe, no line
     cpu_check.forget()
     buffers.keep(None)
