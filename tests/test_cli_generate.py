@@ -391,3 +391,27 @@ def test_demo_defaults_fill_only_what_was_not_given():
     assert (seen["repeat_penalty"], seen["temp"]) == (1.0, 0.5)
     assert CliRunner().invoke(cmd, [], env={"LLAMA_ARG_REPEAT_PENALTY": "1.3"}).exit_code == 0
     assert seen["repeat_penalty"] == 1.3
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_flag_defaults_are_the_configs(command):
+    """Every option that sets a GenConfig field defaults to that field's default (one place for each
+    fact); the exceptions say why."""
+    from dataclasses import fields
+
+    from mtp_cli.config import GenConfig
+
+    # flags whose "not given" differs from the field's default: -fa's "auto" is None; --spec-type
+    # unset lets -n auto/adaptive pick mtp (gen_config)
+    spelled_apart = {"flash_attn": "auto", "spec_type": None}
+    defaults = GenConfig()
+    cmd = main.commands[command]
+    names = {f.name for f in fields(GenConfig)}
+    checked = 0
+    for p in cmd.params:
+        if p.name in names:
+            want = spelled_apart.get(p.name, getattr(defaults, p.name))
+            got = None if type(p.default).__name__ == "Sentinel" else p.default  # (click's "no default")
+            assert got == want, (command, p.name, got, want)
+            checked += 1
+    assert checked >= 15, checked

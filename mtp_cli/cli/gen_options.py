@@ -13,6 +13,7 @@ from click.core import ParameterSource
 from gguf_tools.errors import spelled
 from mtp_cli.cli.app import MtpCommand
 from mtp_cli.cli.llama_flags import load_mode_of, placement_of
+from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
 
@@ -64,13 +65,15 @@ class SpecTypeOption(click.Option):
 
 
 context = stack(
-    click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context size (0: the model's)."),
+    click.option(
+        "-c", "--ctx-size", "n_ctx", default=_D.n_ctx, show_default=True, help="Context size (0: the model's)."
+    ),
     click.option(
         "-b",
         "--batch-size",
         "n_batch",
         type=click.IntRange(min=1),
-        default=512,
+        default=_D.n_batch,
         show_default=True,
         help="Prompt chunk size.",
     ),
@@ -86,10 +89,10 @@ context = stack(
     ),
 )
 sampling = stack(
-    click.option("--temp", default=0.8, show_default=True, help="Temperature (0: greedy)."),
-    click.option("--top-k", "top_k", default=40, show_default=True),
-    click.option("--top-p", "top_p", default=0.95, show_default=True),
-    click.option("--min-p", "min_p", default=0.05, show_default=True),
+    click.option("--temp", default=_D.temp, show_default=True, help="Temperature (0: greedy)."),
+    click.option("--top-k", "top_k", default=_D.top_k, show_default=True),
+    click.option("--top-p", "top_p", default=_D.top_p, show_default=True),
+    click.option("--min-p", "min_p", default=_D.min_p, show_default=True),
 )
 drafting = stack(
     click.option("--spec-type", "spec_type", cls=SpecTypeOption, type=SpecTypeParam(), default=None),
@@ -97,7 +100,7 @@ drafting = stack(
         "--spec-draft-n-max",
         "draft_n_max",
         type=DraftNParam(),
-        default=3,
+        default=_D.draft_n_max,
         show_default=True,
         help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
         "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
@@ -106,14 +109,14 @@ drafting = stack(
     click.option(
         "--spec-draft-n-min",
         "draft_n_min",
-        default=0,
+        default=_D.draft_n_min,
         show_default=True,
         help="Drafts shorter than this are not verified.",
     ),
     click.option(
         "--spec-draft-p-min",
         "draft_p_min",
-        default=0.0,
+        default=_D.draft_p_min,
         show_default=True,
         help="Stop drafting below this probability.",
     ),

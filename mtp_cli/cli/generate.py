@@ -27,7 +27,12 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=opt.PATH, help="Read the prompt from a file (- : standard input).")
 @click.option(
-    "-n", "--n-predict", "n_predict", default=-1, show_default=True, help="Tokens to generate (-1: until end of text)."
+    "-n",
+    "--n-predict",
+    "n_predict",
+    default=opt.DEFAULTS.n_predict,
+    show_default=True,
+    help="Tokens to generate (-1: until end of text).",
 )
 @go.context
 @opt.threads

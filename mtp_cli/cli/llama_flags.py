@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
 from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES, Placement, parse_devices, parse_overrides
 
@@ -76,7 +77,7 @@ kv_and_sampling = stack(
         "--cache-type-k",
         "cache_type_k",
         type=click.Choice(KV_CACHE_TYPES),
-        default="f16",
+        default=_D.cache_type_k,
         show_default=True,
         help="KV cache type for K.",
     ),
@@ -85,7 +86,7 @@ kv_and_sampling = stack(
         "--cache-type-v",
         "cache_type_v",
         type=click.Choice(KV_CACHE_TYPES),
-        default="f16",
+        default=_D.cache_type_v,
         show_default=True,
         help="KV cache type for V (quantized: needs flash attention).",
     ),
@@ -94,7 +95,7 @@ kv_and_sampling = stack(
         "--load-mode",
         "load_mode",
         type=click.Choice(LOAD_MODES),
-        default="auto",
+        default=_D.load_mode,
         show_default=True,
         help="How the weights are loaded: mmap, mlock (kept in RAM), none (read in).",
     ),
@@ -104,7 +105,7 @@ kv_and_sampling = stack(
         "--repeat-penalty",
         "repeat_penalty",
         type=click.FloatRange(min=0, min_open=True),
-        default=1.0,
+        default=_D.repeat_penalty,
         show_default=True,
         help="Penalize tokens among the last --repeat-last-n (1: off).",
     ),
@@ -112,11 +113,17 @@ kv_and_sampling = stack(
         "--repeat-last-n",
         "repeat_last_n",
         type=click.IntRange(min=0),
-        default=64,
+        default=_D.repeat_last_n,
         show_default=True,
         help="Tokens the repeat penalty looks back over, the prompt's included (0: off).",
     ),
-    click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never end at an end-of-generation token."),
+    click.option(
+        "--ignore-eos",
+        "ignore_eos",
+        is_flag=True,
+        default=_D.ignore_eos,
+        help="Never end at an end-of-generation token.",
+    ),
 )
 
 

@@ -42,7 +42,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
     "-n",
     "--n-predict",
     "n_predict",
-    default=-1,
+    default=opt.DEFAULTS.n_predict,
     show_default=True,
     help="Tokens per request without max_tokens (-1: until end of text or a full context).",
 )
