@@ -190,6 +190,12 @@ def record(arch: str) -> Optional[ArchRecord]:
     return RECORDS.get(arch)
 
 
+def nextn_h_of(arch: str) -> NextnH:
+    """How `arch`'s MTP graph hands out h (None: the table does not say)."""
+    rec = RECORDS.get(arch)
+    return rec.nextn_h if rec is not None else None
+
+
 def is_(arch: str, trait: str) -> bool:
     """Whether `arch` has a record with `trait` set."""
     return arch in having(trait)
@@ -222,6 +228,7 @@ __all__ = [
     "RECURRENT_ARCHS",
     "having",
     "is_",
+    "nextn_h_of",
     "record",
     "registered",
 ]

@@ -26,7 +26,8 @@ def _discover() -> dict[str, type[Drafter]]:
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        if cls.name and cls.__module__.startswith(__name__ + "."):
+        # (a class that declares its own spec name: a head kind inherits `mtp` and is not another)
+        if "name" in vars(cls) and cls.name and cls.__module__.startswith(__name__ + "."):
             found[cls.name] = cls
     return dict(sorted(found.items(), key=lambda kv: kv[1].order))
 

@@ -41,6 +41,7 @@ from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import VocabMismatchError
+from mtp_cli.sampling import ConfidenceProbe
 
 # A drafter's decode reads one output row (the draft row; catch-up rows have none): its context
 # reserves room for one, as llama.cpp's own draft contexts do (common/speculative.cpp:2480,
@@ -157,6 +158,48 @@ class Drafter:
         self.n_decode += 1
 
 
+class DraftRows:
+    """What the drafters that decode in a context of their own share: the queue of catch-up rows
+    (the batch itself, decoded by `flush` when full), the draft-row bookkeeping (where id_last sat,
+    how many draft rows past it the context holds) and the confidence pick over the target's
+    vocabulary (--spec-draft-p-min)."""
+
+    def __init__(
+        self, ctx: lx.ContextPtr, n_vocab: int, n_vocab_target: int, flush: Callable[[], None], n_embd: int = 0
+    ):
+        self.ctx = ctx
+        self.batch = lx.Batch(lx.n_batch(ctx), n_embd)
+        self.n_vocab, self.n_vocab_target = int(n_vocab), int(n_vocab_target)
+        self.flush = flush
+        self.p_min = 0.0
+        self.probe = ConfidenceProbe(self.n_vocab)
+        self.pos = 0  # where id_last sat in the last draft()
+        self.n_extra = 0  # draft rows the context holds past pos (to roll back or keep)
+
+    def pick(self, i: int) -> Optional[int]:
+        """The draft token of output row i (None: its top probability is below p_min)."""
+        row = lx.logits_rows(self.ctx, i + 1, self.n_vocab)[i][: self.n_vocab_target]
+        tok = int(row.argmax())
+        if self.p_min > 0.0 and self.probe.top_prob(row) < self.p_min:
+            return None
+        return tok
+
+    def enqueue(
+        self, tokens: Sequence[int] | np.ndarray, pos0: int, h: Optional[np.ndarray] = None, spare: int = 0
+    ) -> None:
+        """Queue tokens at pos0.. (with their h rows when the batch carries them), flushing when full;
+        `spare` slots stay free (for the draft row of a merged decode)."""
+        b, n, k = self.batch, len(tokens), 0
+        while k < n:
+            room = b.capacity - b.n_tokens - spare
+            if room <= 0:
+                self.flush()
+                continue
+            take = min(room, n - k)
+            b.add_many(tokens[k : k + take], pos0 + k, h=None if h is None else h[k : k + take])
+            k += take
+
+
 def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFFile, draft_file: GGUFFile) -> None:
     """The rule llama.cpp applies to draft models (common_speculative_are_compatible): same
     vocabulary type and special tokens, sizes within 128 (padding), identical shared entries."""
@@ -174,4 +217,4 @@ def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFF
             raise VocabMismatchError(f"{what} (token {i}: {b!r} vs {a!r})")
 
 
-__all__ = ["Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]
+__all__ = ["DraftRows", "Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]

@@ -1,55 +1,54 @@
-"""The model's own MTP head(s) (the target GGUF loaded with load_mtp, or an MTP sidecar `-md`) in an
-LLAMA_CONTEXT_TYPE_MTP context paired with the target context.
+"""The model's own MTP head(s) (the target loaded with load_mtp, or an MTP sidecar `-md`) in an MTP
+context paired with the target's. `MtpDrafter` is the spec (the registry's `mtp`) and what every
+head shares; `create` picks one class per head kind (ARCHITECTURE §3):
 
-Pairing (ARCHITECTURE §3): the MTP input at position p is token x_p with the target's h row of p-1. The
-catch-up rows (accepted tokens with their target h rows) and the first draft row (id_last, pos,
-h of pos-1) go in ONE decode with logits on the last row only; then one decode per further draft
-token, each fed the head's own h row. Draft-paired rows are removed after verification
-(memory_seq_rm) and re-fed with the target's h rows.
-
-Chained heads (nextn_predict_layers > 1, e.g. step35): draft step i runs head i
-(llama_set_nextn_layer_offset) over the whole draft prefix, as llama.cpp's
-common_speculative_impl_draft_mtp does; memory-shared drafters (gemma4-assistant, ctx_other kept)
-draft every token at pos with no KV of their own.
+    OwnKvHead        one head with its own KV: catch-up rows and the first draft row in ONE decode,
+                     then one decode per draft token fed the head's own h; draft rows dropped after
+                     verification, accepted ones re-fed with the target's h rows
+    ChainedHeads     one head per draft step (step35, mimo2): head i over [id_last, d1..di]
+    SharedAssistant  reads the target's own KV (gemma4-assistant): every draft row at pos
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from gguf_tools.archs import NextnH, record
+from gguf_tools.archs import NextnH, nextn_h_of
 from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.loadable.assistant import assistant_problem
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
-from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, Loader, Models, check_same_vocab
+from mtp_cli.drafters.base import (
+    DRAFT_N_OUTPUTS,
+    ContextPlan,
+    Drafter,
+    DraftRows,
+    Loader,
+    Models,
+    check_same_vocab,
+)
 from mtp_cli.errors import LlamaError, ModelFileError, NoMtpHeadError
-from mtp_cli.sampling import ConfidenceProbe
 
-# A memory-sharing drafter (gemma4-assistant) decodes one row at a time and never catches up: a
-# one-row batch keeps its compute buffer small (the attention mask grows as n_ctx x n_batch: at
-# n_ctx 131072 the tiny pair's is 256 MiB at n_batch 512, 0.5 MiB at 1).
+# a shared assistant decodes row by row: its mask (n_ctx x n_batch) 0.5 MiB at 131072, not 256 MiB
 SHARED_N_BATCH = 1
-# The draft row's h after a merged decode (catch-up rows + the draft row, logits on the draft row):
-# llama.cpp's masked h extraction copies the first n_outputs rows of the graph's h, so where the
-# MTP graph takes h before selecting the output rows (glm4moe, qwen35, deepseek2, ...: ArchRecord
-# nextn_h "all_rows") `_ith` of the draft row returned the FIRST catch-up row's h and drafts 2..
-# were fed the wrong state. Those heads extract unmasked (every row, by batch index); graphs that
-# select the rows first (step35, mimo2: "output_rows") stay masked (unmasked aborts there); for a
-# graph the table does not describe every row of the merge is an output, right for both kinds, and
-# a longer catch-up (a prompt) is decoded apart first so that at most MERGE_ROWS rows are outputs.
+# The draft row's h after a merged decode: llama.cpp's masked extraction copies the first n_outputs
+# rows of the graph's h, so where the graph takes h before selecting output rows (ArchRecord
+# nextn_h "all_rows": glm4moe, qwen35, ...) `_ith` of the draft row gave the FIRST catch-up row's h.
+# Those heads extract unmasked (by batch index); "output_rows" graphs (step35, mimo2) stay masked
+# (unmasked aborts); for an unknown graph every merged row is an output (at most MERGE_ROWS).
 MERGE_ROWS = DRAFT_N_MAX_LIMIT + 1
 
 _now = time.perf_counter
 
 
 class MtpDrafter(Drafter):
-    """The model's MTP head(s) in an MTP context paired with the target context."""
+    """The spec, and what every head kind shares: its context, the target's h row of the position
+    before id_last (`pending_h`), the queue and the pick (DraftRows)."""
 
     name = "mtp"
     aliases = ("draft-mtp",)
@@ -60,6 +59,8 @@ class MtpDrafter(Drafter):
     target_h = True
     can_sleep = True
     can_resume = True
+    mem_shared = False  # (SharedAssistant: it reads the target's KV)
+    chain = False  # (ChainedHeads)
 
     def __init__(
         self,
@@ -70,7 +71,6 @@ class MtpDrafter(Drafter):
         n_batch: int,
         n_threads: Optional[int],
         n_vocab_target: int,
-        p_min: float = 0.0,
         kv: Optional[lx.KvOptions] = None,
         nextn_h: NextnH = None,
     ):
@@ -92,29 +92,23 @@ class MtpDrafter(Drafter):
         lx.set_embeddings_nextn(self.ctx, True, nextn_h != "all_rows")
         self.all_outputs = nextn_h is None
         self.E = lx.n_embd_out(head_model)
-        self.n_vocab = lx.n_vocab(head_model)
-        self.n_vocab_target = int(n_vocab_target)
-        other = lx.get_ctx_other(self.ctx)
-        self.mem_shared = other is not None and lx.addr(other) == lx.addr(target_ctx)
-        if lx.n_batch(self.ctx) < 2 and not self.mem_shared:  # (catch-up needs room for two rows)
-            n = lx.n_batch(self.ctx)
-            lx.free_context(self.ctx)
-            raise LlamaError(
-                f"the MTP context has a {n}-row batch and no share of the target's memory: it cannot catch up"
-            )
         self.n_ctx = lx.n_ctx(self.ctx)
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
-        self.chain = self.n_heads > 1 and not self.mem_shared
-        self.n_max_limit = self.n_heads if self.chain else None
-        self.batch = lx.Batch(lx.n_batch(self.ctx), self.E)
+        self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E)
         self.pending_h = np.zeros(self.E, dtype=np.float32)  # target h row of the position before id_last
-        self.p_min = float(p_min)
-        self.probe = ConfidenceProbe(self.n_vocab)
-        self._pos = 0
-        self._n_extra = 0  # positions > pos holding draft-paired rows
-        if self.chain:
-            self.chain_h = np.zeros((self.n_heads + 1, self.E), dtype=np.float32)
-            self.chain_batch = lx.Batch(self.n_heads + 1, self.E)
+        try:
+            self._check_context()
+        except LlamaError:
+            lx.free_context(self.ctx)
+            raise
+
+    def _check_context(self) -> None:
+        if self._shares_target() or lx.n_batch(self.ctx) < 2:  # (catch-up needs room for two rows)
+            raise LlamaError(f"an MTP context of {lx.n_batch(self.ctx)}-row batches reading the target's memory")
+
+    def _shares_target(self) -> bool:
+        other = lx.get_ctx_other(self.ctx)
+        return other is not None and lx.addr(other) == lx.addr(self.tgt)
 
     # -- the spec ----------------------------------------------------------------------------------
 
@@ -154,8 +148,12 @@ class MtpDrafter(Drafter):
 
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> MtpDrafter:
+        """The drafter of this head's kind."""
         shared = models.draft_file is not None and models.draft_file.arch in ASSISTANT_ARCHS
-        return cls(
+        kind: type[MtpDrafter] = (
+            SharedAssistant if shared else ChainedHeads if lx.n_layer_nextn(models.drafting) > 1 else OwnKvHead
+        )
+        return kind(
             models.drafting,
             plan.target,
             n_ctx=plan.n_ctx,
@@ -164,128 +162,146 @@ class MtpDrafter(Drafter):
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
             # (a shared one decodes one row at a time: as if the graph's h were the output rows')
-            nextn_h="output_rows" if shared else head_nextn_h(models),
+            nextn_h="output_rows" if shared else nextn_h_of((models.draft_file or models.target_file).arch),
         )
 
     def configure(self, cfg: GenConfig) -> None:
-        self.p_min = float(cfg.draft_p_min)
+        self.rows.p_min = float(cfg.draft_p_min)
 
-    # -- catch-up queue (the batch itself) -------------------------------------------------------
+    # -- the protocol: the shared steps; each kind adds its own ---------------------------------------
 
     def catch_up(self) -> None:
-        """Decode the queued catch-up rows (no logits). Chained heads: once per head."""
-        b = self.batch
-        if b.n_tokens == 0:
-            return
-        if self.mem_shared:  # shares the target's KV: nothing to catch up
-            b.clear()
-            return
-        if self.chain:
-            first = int(b.pos[0])
-            for head in range(self.n_heads):
-                lx.memory_seq_rm(self.ctx, 0, first, -1)
-                lx.set_nextn_layer_offset(self.ctx, head)
-                self._decode(self.ctx, b)
-            lx.set_nextn_layer_offset(self.ctx, 0)
-        else:
-            self._decode(self.ctx, b)
-        b.clear()
-
-    def _enqueue(self, tokens: Sequence[int] | np.ndarray, pos0: int, h: np.ndarray) -> None:
-        b = self.batch
-        n = len(tokens)
-        k = 0
-        while k < n:
-            room = b.capacity - b.n_tokens - 1  # keep one slot for the draft row
-            if room <= 0:
-                self.catch_up()
-                continue
-            take = min(room, n - k)
-            b.add_many(tokens[k : k + take], pos0 + k, h=h[k : k + take])
-            k += take
+        """Decode the queued catch-up rows (no logits)."""
+        if self.rows.batch.n_tokens:
+            self._decode(self.ctx, self.rows.batch)
+            self.rows.batch.clear()
 
     def begin(self, prompt: Sequence[int]) -> None:
-        if self.chain:
-            lx.set_nextn_layer_offset(self.ctx, 0)  # in case a previous generation was interrupted mid-chain
-        if not self.mem_shared:
-            lx.memory_clear(self.ctx)
-        self.batch.clear()
+        lx.memory_clear(self.ctx)
+        self.rows.batch.clear()
         self.pending_h[:] = 0.0
-        self._n_extra = 0
+        self.rows.n_extra = 0
 
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
-        """The last generation left the head's memory, its queued catch-up rows and pending_h (the
-        target's h row of keep-1) exactly where the prompt's new tokens at keep.. continue them."""
-        if self.chain:
-            lx.set_nextn_layer_offset(self.ctx, 0)
+        """The head's memory, queued rows and pending_h continue where the prompt's tokens at keep.. do."""
         if asleep:
             self.restart(keep)  # (the target's last decode was one plain token at keep-1)
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         n = len(tokens)
         h = lx.get_embeddings_nextn(self.tgt, n, copy=False, n_embd=self.E)
-        if not self.mem_shared:
-            # position pos0+k pairs with h row pos0+k-1: pending_h, then this chunk's rows 0..n-2
-            self._enqueue(tokens[:1], pos0, self.pending_h[None, :])
-            if n > 1:
-                self._enqueue(tokens[1:], pos0 + 1, h[: n - 1])
+        # position pos0+k pairs with h row pos0+k-1: pending_h, then this chunk's rows 0..n-2
+        self.rows.enqueue(tokens[:1], pos0, self.pending_h[None, :], spare=1)
+        if n > 1:
+            self.rows.enqueue(tokens[1:], pos0 + 1, h[: n - 1], spare=1)
         np.copyto(self.pending_h, h[n - 1])
 
-    # -- drafting -----------------------------------------------------------------------------------
-
-    def _pick(self, i: int) -> Optional[int]:
-        """The draft token of output row i (None: below p_min)."""
-        row = lx.logits_rows(self.ctx, i + 1, self.n_vocab)[i][: self.n_vocab_target]
-        tok = int(row.argmax())
-        if self.p_min > 0.0 and self.probe.top_prob(row) < self.p_min:
-            return None
-        return tok
-
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
-        self._pos = pos
-        self._n_extra = 0
-        if self.chain:
-            return self._draft_chain(id_last, pos, n_max)
-        b = self.batch
-        if self.mem_shared:
-            b.clear()
-        elif b.n_tokens >= (MERGE_ROWS if n_max > 0 and self.all_outputs else b.capacity):
+        self.rows.pos, self.rows.n_extra = pos, 0
+        return self._draft(id_last, pos, n_max)
+
+    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:  # (each kind's own)
+        raise NotImplementedError
+
+    def restart(self, pos: int) -> None:
+        """Resume cold after skipped steps: the head's memory starts over at `pos`, its first draft row
+        paired with the target's h row of pos-1 (the target's last decode: one plain token)."""
+        lx.memory_clear(self.ctx, data=False)
+        self.rows.batch.clear()
+        self.rows.n_extra = 0
+        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
+
+    def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
+        h = lx.get_embeddings_nextn(self.tgt, n_accepted + 1, copy=False, n_embd=self.E)  # verify rows 0..a
+        self._keep(n_accepted, drafts, h)
+        np.copyto(self.pending_h, h[n_accepted])
+
+    def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
+        """Drop the draft-paired rows; queue the accepted drafts with the target's h rows."""
+        pos = self.rows.pos
+        if self.rows.n_extra:
+            if not lx.memory_seq_rm(self.ctx, 0, pos + 1, -1):
+                raise LlamaError("MTP context refused to drop its draft rows")
+            self.rows.n_extra = 0
+        if n_accepted:
+            # d_i sits at pos+i and pairs with the target's h row of pos+i-1 = verify row i-1
+            self.rows.enqueue(list(drafts[:n_accepted]), pos + 1, h[:n_accepted], spare=1)
+
+    def close(self) -> None:
+        lx.free_context(self.ctx)
+        self.ctx = None
+
+    def cost_probe(self, n_rows: int) -> HeadProbe:
+        """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""
+        return HeadProbe(self, n_rows)
+
+
+class OwnKvHead(MtpDrafter):
+    """One head with its own KV: the merged decode, then one decode per further draft token."""
+
+    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+        rows, b = self.rows, self.rows.batch
+        if b.n_tokens >= (MERGE_ROWS if n_max > 0 and self.all_outputs else b.capacity):
             self.catch_up()
         if n_max <= 0:
-            if not self.mem_shared:
-                b.add(id_last, pos, h=self.pending_h)  # stays queued for the next catch-up
+            b.add(id_last, pos, h=self.pending_h)  # stays queued for the next catch-up
             return []
         # ONE decode: catch-up rows + the first draft row (id_last, pos, h of pos-1) (MERGE_ROWS)
-        i_last = b.add(id_last, pos, logits=True, h=self.pending_h)
+        i_out = b.add(id_last, pos, logits=True, h=self.pending_h)
         if self.all_outputs:
             b.logits[: b.n_tokens] = 1
         self._decode(self.ctx, b)
         b.clear()
         out: list[int] = []
-        i_out = i_last
-        while True:
-            tok = self._pick(i_out if self.all_outputs else 0)
-            if tok is None:
-                break
+        while (tok := rows.pick(i_out if self.all_outputs else 0)) is not None:
             out.append(tok)
             if len(out) >= n_max:
                 break
             h = lx.get_embeddings_nextn_ith(self.ctx, i_out, copy=False, n_embd=self.E)
-            # memory-shared drafters (gemma4-assistant) keep every draft row at pos
-            b.add(tok, pos if self.mem_shared else pos + len(out), logits=True, h=h)
+            b.add(tok, pos + len(out), logits=True, h=h)
             self._decode(self.ctx, b)
             b.clear()
             i_out = 0
-            if not self.mem_shared:
-                self._n_extra += 1
+            rows.n_extra += 1
         return out
 
-    def _draft_chain(self, id_last: int, pos: int, n_max: int) -> list[int]:
-        """Chained heads: catch up every head, then draft step i runs head i over [id_last, d1..di]
-        (common_speculative_impl_draft_mtp with chain_heads)."""
+
+class ChainedHeads(MtpDrafter):
+    """n heads, one per draft step: every head catches up over the same rows, and draft step i runs
+    head i over [id_last, d1..di] (common_speculative_impl_draft_mtp with chain_heads)."""
+
+    chain = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.n_max_limit = self.n_heads
+        self.chain_h = np.zeros((self.n_heads + 1, self.E), dtype=np.float32)
+        self.chain_batch = lx.Batch(self.n_heads + 1, self.E)
+
+    def catch_up(self) -> None:
+        b = self.rows.batch
+        if b.n_tokens == 0:
+            return
+        first = int(b.pos[0])
+        for head in range(self.n_heads):  # (KV cells are shared: each head re-decodes its own)
+            lx.memory_seq_rm(self.ctx, 0, first, -1)
+            lx.set_nextn_layer_offset(self.ctx, head)
+            self._decode(self.ctx, b)
+        lx.set_nextn_layer_offset(self.ctx, 0)
+        b.clear()
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        lx.set_nextn_layer_offset(self.ctx, 0)  # in case a previous generation was interrupted mid-chain
+        super().begin(prompt)
+
+    def restart(self, pos: int) -> None:
+        lx.set_nextn_layer_offset(self.ctx, 0)
+        super().restart(pos)
+
+    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         self.catch_up()
         if n_max <= 0:
-            self.batch.add(id_last, pos, h=self.pending_h)
+            self.rows.batch.add(id_last, pos, h=self.pending_h)
             return []
         cb = self.chain_batch
         self.chain_h[0] = self.pending_h
@@ -299,7 +315,7 @@ class MtpDrafter(Drafter):
             if self.all_outputs:
                 cb.logits[: cb.n_tokens] = 1  # (MERGE_ROWS)
             self._decode(self.ctx, cb)
-            tok = self._pick(i_last if self.all_outputs else 0)
+            tok = self.rows.pick(i_last if self.all_outputs else 0)
             if tok is None:
                 break
             out.append(tok)
@@ -307,52 +323,56 @@ class MtpDrafter(Drafter):
         lx.set_nextn_layer_offset(self.ctx, 0)
         # every head's layer now holds rows at pos..: drop them, the catch-up re-feeds id_last
         lx.memory_seq_rm(self.ctx, 0, pos, -1)
-        self.batch.add(id_last, pos, h=self.pending_h)
+        self.rows.batch.add(id_last, pos, h=self.pending_h)
         return out
 
+
+class SharedAssistant(MtpDrafter):
+    """A drafter that reads the target's own KV (ctx_other kept): no memory of its own to clear,
+    catch up or roll back; every draft row sits at pos, fed the assistant's own state."""
+
+    mem_shared = True
+
+    def _check_context(self) -> None:
+        if not self._shares_target():
+            raise LlamaError("llama.cpp did not give this assistant the target's memory (ctx_other)")
+
+    def catch_up(self) -> None:
+        self.rows.batch.clear()  # (shares the target's KV: nothing to catch up)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.rows.batch.clear()
+        self.pending_h[:] = 0.0
+
+    def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
+        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, len(tokens), copy=False, n_embd=self.E)[-1])
+
     def restart(self, pos: int) -> None:
-        """Resume cold after skipped steps: the head's own memory starts over at `pos` (no history
-        before it: the head then drafts from the target's h rows and what it sees from now on);
-        the first draft row pairs with the target's h row of pos-1 (its last, one-token decode)."""
-        if self.chain:
-            lx.set_nextn_layer_offset(self.ctx, 0)
-        if not self.mem_shared:
-            lx.memory_clear(self.ctx, data=False)
-        self.batch.clear()
-        self._n_extra = 0
+        self.rows.batch.clear()
         np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
 
-    def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
-        pos = self._pos
-        if self._n_extra:
-            if not lx.memory_seq_rm(self.ctx, 0, pos + 1, -1):
-                raise LlamaError("MTP context refused to drop its draft rows")
-            self._n_extra = 0
-        h = lx.get_embeddings_nextn(self.tgt, n_accepted + 1, copy=False, n_embd=self.E)  # verify rows 0..a
-        if n_accepted and not self.mem_shared:
-            # d_i sits at pos+i and pairs with the target's h row of pos+i-1 = verify row i-1
-            self._enqueue(list(drafts[:n_accepted]), pos + 1, h[:n_accepted])
-        np.copyto(self.pending_h, h[n_accepted])
+    def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
+        """Nothing: its memory is the target's, which the loop rolled back."""
 
-    def close(self) -> None:
-        lx.free_context(self.ctx)
-        self.ctx = None
-
-    def cost_probe(self, n_rows: int) -> HeadProbe:
-        """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""
-        return HeadProbe(self, n_rows)
-
-
-def head_nextn_h(models: Models) -> NextnH:
-    """How the drafting model's MTP graph hands out h (its arch's record; None: unknown)."""
-    gf = models.draft_file or models.target_file
-    rec = record(gf.arch)
-    return rec.nextn_h if rec is not None else None
+    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+        b, tok, h = self.rows.batch, id_last, self.pending_h
+        out: list[int] = []
+        while len(out) < n_max:
+            b.clear()
+            b.add(tok, pos, logits=True, h=h)
+            self._decode(self.ctx, b)
+            nxt = self.rows.pick(0)
+            if nxt is None:
+                break
+            out.append(nxt)
+            tok, h = nxt, lx.get_embeddings_nextn_ith(self.ctx, 0, copy=False, n_embd=self.E)
+        b.clear()
+        return out
 
 
 class HeadProbe:
-    """Times the head's decodes as a step runs them, without advancing its memory: what the cost
-    model (mtp_cli.speed.costs) measures. Call after begin/on_prefill/catch_up of a prompt."""
+    """Times the head's decodes as a step runs them, without advancing its memory (the cost model's).
+    Call after begin/on_prefill/catch_up of a prompt."""
 
     def __init__(self, drafter: MtpDrafter, n_rows: int):
         self.d = drafter
@@ -360,13 +380,13 @@ class HeadProbe:
         self.shares_memory = drafter.mem_shared  # no catch-up rows: a step's first decode has one row
 
     def decode(self, tokens: Sequence[int], pos: int) -> float:
-        """Seconds of one head decode of `tokens` at pos, pos+1, ... (all at pos when sharing the
-        target's memory), each paired with the pending h row, the outputs a step's merged decode has."""
+        """Seconds of one head decode of `tokens` from pos (all at pos when sharing the target's
+        memory), paired with the pending h row, with the outputs a step's merged decode has."""
         b, d = self.batch, self.d
         b.clear()
         for j, tok in enumerate(tokens):
-            last = j == len(tokens) - 1
-            b.add(tok, pos if self.shares_memory else pos + j, logits=last or d.all_outputs, h=d.pending_h)
+            out = d.all_outputs or j == len(tokens) - 1
+            b.add(tok, pos if self.shares_memory else pos + j, logits=out, h=d.pending_h)
         t = _now()
         lx.decode(d.ctx, b)
         return _now() - t
