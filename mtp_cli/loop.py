@@ -44,6 +44,19 @@ _now = time.perf_counter
 VerifySampled = Callable[[TokenSampler, lx.ContextPtr, np.ndarray, Sequence[int]], tuple[int, int]]
 
 
+def decode_prompt(tgt: lx.ContextPtr, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
+    """Decode prompt[keep:] into the target in n_batch chunks, logits on the last row; the drafter
+    follows each chunk (on_prefill). The loop's prefill, and the cost probe's."""
+    toks = np.asarray(prompt, dtype=np.int32)
+    n_b = lx.n_batch(tgt)
+    for p0 in range(keep, len(toks), n_b):
+        chunk = toks[p0 : p0 + n_b]
+        batch.clear()
+        batch.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
+        lx.decode(tgt, batch)
+        d.on_prefill(chunk, p0)
+
+
 class VerifyLoop:
     """One generation on a target context with a drafter; `run(prompt)` is the generator."""
 
@@ -123,14 +136,7 @@ class VerifyLoop:
             lx.memory_clear(tgt)
             d.begin(prompt)
         self.decoded = list(prompt)
-        toks = np.asarray(prompt, dtype=np.int32)
-        n_b = lx.n_batch(tgt)
-        for p0 in range(keep, len(toks), n_b):
-            chunk = toks[p0 : p0 + n_b]
-            vb.clear()
-            vb.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
-            lx.decode(tgt, vb)
-            d.on_prefill(chunk, p0)
+        decode_prompt(tgt, vb, d, prompt, keep)
         row = lx.logits_rows(tgt, 1, self.V)
         if self.edits.active:
             self.edits.apply(row, prompt)

@@ -25,6 +25,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters.mtp import HeadProbe, MtpDrafter
 from mtp_cli.errors import ConfigError, LlamaError, NoMtpHeadError
+from mtp_cli.loop import decode_prompt
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed.costs import CostModel
 
@@ -51,13 +52,7 @@ class _Probe:
         lx.memory_clear(self.tgt)
         d.begin(prompt)
         lx.set_embeddings_nextn(self.tgt, True, False)
-        nb = lx.n_batch(self.tgt)
-        for p0 in range(0, len(prompt), nb):
-            chunk = prompt[p0 : p0 + nb]
-            self.b.clear()
-            self.b.add_many(chunk, p0, logits_last=True)
-            lx.decode(self.tgt, self.b)
-            d.on_prefill(chunk, p0)  # type: ignore[arg-type]  # (a list serves as well as an array)
+        decode_prompt(self.tgt, self.b, d, prompt)  # (the loop's own)
         d.catch_up()  # the head's memory now holds the prompt
 
     def rewind(self) -> None:
