@@ -68,11 +68,34 @@ class Held:
         return 0
 
 
+@dataclass(frozen=True)
+class ContextSettings:
+    """What the target context (and every drafter on it) is created with: a generation whose
+    settings differ gets new contexts. Derived from the config and two facts of the model."""
+
+    n_ctx: int
+    n_batch: int
+    n_threads: Optional[int]
+    n_rs_seq: int  # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
+    kv: lx.KvOptions
+
+    @classmethod
+    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool) -> ContextSettings:
+        n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
+        n_ubatch = cfg.n_ubatch
+        if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
+            # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
+            log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
+            n_ubatch = n_rs + 2
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
+        return cls(cfg.n_ctx or n_ctx_train, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv)
+
+
 @dataclass
 class Contexts:
     """The target context for one set of context settings, and one drafter per spec type on it."""
 
-    key: tuple[int, int, Optional[int], int, lx.KvOptions]  # (n_ctx, n_batch, n_threads, n_rs_seq, kv)
+    key: ContextSettings
     target: lx.ContextPtr
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
@@ -244,34 +267,25 @@ class Runtime:
         """The target context for cfg's settings (re-created when they change) and the drafter for
         cfg.spec_type on it (created once per target context), configured for cfg."""
         cls = drafters.get(cfg.spec_type)
-        n_ctx = cfg.n_ctx or lx.model_n_ctx_train(self.model)
-        n_batch = max(cfg.n_batch, cfg.draft_n_max + 2)
-        # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
-        n_rs = cfg.draft_n_max if (self.recurrent and cls.name != "none") else 0
-        n_ubatch = cfg.n_ubatch
-        if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
-            # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
-            log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
-            n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
-        key = (n_ctx, n_batch, cfg.n_threads, n_rs, kv)
+        key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.name != "none")
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
             self._check_kv(cfg, cls.name == self.spec.name)
             tgt = lx.create_context(
                 self.model,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_threads=cfg.n_threads,
-                n_rs_seq=n_rs,
-                kv=kv,
+                n_ctx=key.n_ctx,
+                n_batch=key.n_batch,
+                n_threads=key.n_threads,
+                n_rs_seq=key.n_rs_seq,
+                kv=key.kv,
             )
-            self._ctx = Contexts(key, tgt, min(n_ctx, lx.n_ctx(tgt)))
+            self._ctx = Contexts(key, tgt, min(key.n_ctx, lx.n_ctx(tgt)))
         c = self._ctx
         d = c.drafters.get(cls.name)
         if d is None:
-            d = c.drafters[cls.name] = cls.create(self.models, ContextPlan(c.target, n_ctx, n_batch, cfg.n_threads, kv))
+            plan = ContextPlan(c.target, key.n_ctx, key.n_batch, key.n_threads, key.kv)
+            d = c.drafters[cls.name] = cls.create(self.models, plan)
             if d.n_ctx is not None:
                 c.n_ctx = min(c.n_ctx, d.n_ctx)
         d.configure(cfg)
