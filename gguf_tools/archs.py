@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 HfFamily = Literal["qwen", "nextn", "nextn-mla"]
@@ -45,8 +45,9 @@ class ArchRecord:
     is_assistant: bool = False  # a drafter with no trunk of its own
 
 
-_LLAMA_LIKE = dict(rms=True, rope_exact=True, head_dims_equal=True, adoptable=True)
-_QWEN35 = dict(
+_LLAMA = ArchRecord("llama", rms=True, rope_exact=True, head_dims_equal=True, adoptable=True)
+_QWEN35 = ArchRecord(
+    "qwen35",
     sections_required=True,
     mtp_graph=True,
     nextn_h="all_rows",
@@ -64,12 +65,12 @@ _SWA = ("attention.sliding_window", "attention.key_length_swa", "attention.value
 RECORDS: dict[str, ArchRecord] = {
     r.name: r
     for r in (
-        ArchRecord("llama", **_LLAMA_LIKE),  # type: ignore[arg-type]
-        ArchRecord("qwen2", **_LLAMA_LIKE),  # type: ignore[arg-type]
-        ArchRecord("qwen3", **_LLAMA_LIKE),  # type: ignore[arg-type]
-        ArchRecord("qwen35", **_QWEN35),  # type: ignore[arg-type]
-        ArchRecord("qwen35moe", **_QWEN35),  # type: ignore[arg-type]
-        ArchRecord("qwen3next", **{**_QWEN35, "sections_required": False, "nextn_h": None}),  # type: ignore[arg-type]
+        _LLAMA,
+        replace(_LLAMA, name="qwen2"),
+        replace(_LLAMA, name="qwen3"),
+        _QWEN35,
+        replace(_QWEN35, name="qwen35moe"),
+        replace(_QWEN35, name="qwen3next", sections_required=False, nextn_h=None),
         ArchRecord(
             "glm4moe",
             mtp_graph=True,
