@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from gguf_tools.probe_model import PROBE_TYPES, write_probe_model
 from mtp_cli import llama_ext as lx
@@ -61,13 +61,8 @@ class Verdict:
     kept: tuple[str, ...]  # the extra buffer types weights may go to
     offered: tuple[str, ...]  # the ones this build offers
     failed: dict[str, str] = field(default_factory=dict)  # setting -> how its probe died
-    compiler: str = "unknown"
-    key: str = ""
+    key: str = ""  # of the cache entry: this llama.cpp build and CPU
     why: str = ""  # for a setting other than the probe's: torch in the process, --repack / --no-repack
-
-    @property
-    def avoided(self) -> tuple[str, ...]:
-        return tuple(b for b in self.offered if b not in self.kept)
 
 
 def kept_for(setting: str, offered: tuple[str, ...]) -> tuple[str, ...]:
@@ -95,8 +90,13 @@ def cpu_features() -> str:
     return ""
 
 
-def check_key(fingerprint: str, features: str) -> str:
-    return hashlib.sha256(f"{fingerprint}\n{features}".encode()).hexdigest()[:16]
+def check_key() -> str:
+    """The cache key of this llama.cpp build (its libraries' fingerprint) and this CPU (its flags)."""
+    return hashlib.sha256(f"{build_info().fingerprint}\n{cpu_features()}".encode()).hexdigest()[:16]
+
+
+def _deaths(failed: dict[str, str]) -> str:
+    return "; ".join(f"{s}: {how}" for s, how in failed.items())
 
 
 def _cache_file(key: str) -> Path:
@@ -177,20 +177,19 @@ def ensure(forced: Optional[bool] = None, *, refresh: bool = False, run_probe: O
         return _applied[-1]
     offered = buffers.offered()
     info = build_info()
-    key = check_key(info.fingerprint, cpu_features())
+    key = check_key()
     probed, failed = ALL, dict[str, str]()
     if offered and forced is None:
         probed, failed, fresh = _probed(key, offered, run_probe or probe)
         if probed == BROKEN:
-            deaths = "; ".join(f"{s}: {how}" for s, how in failed.items())
             raise LlamaError(
                 f"llama.cpp ({info.lib_dir}) dies on a 4-token decode here even without extra buffer types "
-                f"({deaths}); reinstall it: {rebuild_command()}"
+                f"({_deaths(failed)}); reinstall it: {rebuild_command()}"
             )
         if fresh and failed:
             _say_avoided(probed, offered, failed, info.compiler)
     setting, why = decide(offered, probed, forced, _torch())
-    verdict = Verdict(setting, buffers.keep(kept_for(setting, offered)), offered, failed, info.compiler, key, why)
+    verdict = Verdict(setting, buffers.keep(kept_for(setting, offered)), offered, failed, key, why)
     _applied.append(verdict)
     log.info("extra buffer types: %s (%s)", ", ".join(verdict.kept) or "none", why or f"self-check: {setting}")
     return verdict
@@ -219,12 +218,11 @@ def _probed(key: str, offered: tuple[str, ...], run_probe: Probe) -> tuple[str, 
 
 def _say_avoided(setting: str, offered: tuple[str, ...], failed: dict[str, str], compiler: str) -> None:
     avoided = [b for b in offered if b not in kept_for(setting, offered)]
-    deaths = "; ".join(f"{s}: {how}" for s, how in failed.items())
     log.warning(
         "llama.cpp's %s buffers crash on this CPU with this build (%s; built by %s), so models load without them; "
         "to fix the build: %s",
         " and ".join(avoided),
-        deaths,
+        _deaths(failed),
         compiler,
         rebuild_command(),
     )
@@ -237,15 +235,15 @@ def forget() -> None:
 
 def recheck(run_probe: Optional[Probe] = None) -> Verdict:
     """Run the probes again, whatever the cache said (`mtp-cli doctor`), and apply the verdict."""
-    _cache_file(check_key(build_info().fingerprint, cpu_features())).unlink(missing_ok=True)
+    _cache_file(check_key()).unlink(missing_ok=True)
     forget()
     return ensure(run_probe=run_probe)
 
 
-def cached() -> Optional[dict[str, object]]:
+def cached() -> Optional[dict[str, Any]]:
     """What the cache holds for this build and CPU (None: the check has not run), without running it."""
     try:
-        saved = json.loads(_cache_file(check_key(build_info().fingerprint, cpu_features())).read_text())
+        saved = json.loads(_cache_file(check_key()).read_text())
     except (OSError, ValueError):
         return None
     return saved if isinstance(saved, dict) else None
@@ -260,8 +258,7 @@ def summary_lines() -> list[str]:
     if not offered:
         check = "not needed (no extra buffer types)"
     elif saved is not None:
-        failed = dict(saved.get("failed") or {})  # type: ignore[call-overload]
-        deaths = "; ".join(f"{k}: {v}" for k, v in failed.items())
+        deaths = _deaths(dict(saved.get("failed") or {}))
         check = f"models load with `{saved.get('setting')}`" + (f" ({deaths})" if deaths else " (it ran)")
     return [
         f"llama.cpp built by: {build_info().compiler}; AMX path: {amx}",
