@@ -251,8 +251,7 @@ def cached() -> Optional[dict[str, Any]]:
 
 def summary_lines() -> list[str]:
     """The build's compiler and AMX path, and the check's cached verdict (--version, doctor)."""
-    offered = buffers.offered()
-    amx = "in the build" if buffers.AMX in offered else "compiled out"
+    offered, info = buffers.offered(), build_info()
     saved = cached()
     check = "not run yet (`mtp-cli doctor` runs it)"
     if not offered:
@@ -261,7 +260,7 @@ def summary_lines() -> list[str]:
         deaths = _deaths(dict(saved.get("failed") or {}))
         check = f"models load with `{saved.get('setting')}`" + (f" ({deaths})" if deaths else " (it ran)")
     return [
-        f"llama.cpp built by: {build_info().compiler}; AMX path: {amx}",
+        f"llama.cpp built by: {info.compiler}; AMX path: {'in the build' if info.amx else 'compiled out'}",
         f"extra buffer types offered: {', '.join(offered) or 'none'}",
         f"CPU self-check: {check}",
     ]

@@ -7,6 +7,7 @@ import hashlib
 import re
 import struct
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Optional
 
@@ -18,11 +19,10 @@ from mtp_cli.llama_ext.ggml import lib_dir, library
 
 @dataclass(frozen=True)
 class BuildInfo:
-    version: str  # llama-cpp-python's
     compiler: str  # e.g. "GCC 12.2.0", "clang 19.1.7"; "unknown" where the library does not say
-    amx: bool  # ggml's AMX path is compiled in
+    amx: bool  # ggml's AMX path is compiled in (and the CPU runs it)
     lib_dir: Path
-    fingerprint: str  # changes with any library file beside libllama
+    fingerprint: str  # changes with llama-cpp-python's version and any library file beside libllama
 
 
 def elf_comment(path: Path) -> str:
@@ -70,11 +70,12 @@ def _fingerprint(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
+@cache
 def build_info() -> BuildInfo:
+    """The loaded libraries' facts (once a process: they do not change under it)."""
     cpu_lib: Optional[Path] = library("ggml-cpu") or library("ggml")
     compiler = compiler_of(elf_comment(cpu_lib)) if cpu_lib else "unknown"
-    amx = AMX in offered()
-    return BuildInfo(llama_cpp.__version__, compiler, amx, lib_dir(), _fingerprint(lib_dir()))
+    return BuildInfo(compiler, AMX in offered(), lib_dir(), _fingerprint(lib_dir()))
 
 
 __all__ = ["BuildInfo", "build_info", "compiler_of", "elf_comment"]
