@@ -45,9 +45,7 @@ def binaries(cache: Path) -> Path:
     lb = _llama_build()
     cc = os.environ.get("CC", "cc")
     text = lb.version_text(cc)
-    choice = lb.choose(
-        lb.cpu_flags(Path("/proc/cpuinfo").read_text()), lb.parse_version(cc, text), lb.cached_fix_header()
-    )
+    choice = lb.choose(lb.cpu_flags(Path("/proc/cpuinfo").read_text()), lb.parse_version(text), lb.cached_fix_header())
     key = lb.wheel_key(choice, set(), text + "tools")
     out = cache / f"llama.cpp-{key}"
     if all((out / "bin" / t).exists() for t in TARGETS):

@@ -41,7 +41,6 @@ BASE_ARGS = ("-DLLAVA_BUILD=OFF",)
 
 @dataclass(frozen=True)
 class Compiler:
-    cc: str
     family: str  # "gcc" | "clang" | "other"
     major: int
 
@@ -75,14 +74,15 @@ def version_text(cc: str) -> str:
         return ""
 
 
-def parse_version(cc: str, text: str) -> Compiler | None:
+def parse_version(text: str) -> Compiler | None:
+    """The family and major version in what `cc --version` printed (None: no version there)."""
     first = text.splitlines()[0] if text else ""
     m = re.search(r"(\d+)\.\d+", first)
     if not m:
         return None
     # `cc --version` names neither on Debian; GCC's notice does
     family = "clang" if "clang" in first else "gcc" if ("GCC" in first or "Free Software" in text) else "other"
-    return Compiler(cc, family, int(m.group(1)))
+    return Compiler(family, int(m.group(1)))
 
 
 def choose(flags: set[str], compiler: Compiler | None, fix_header: Path = FIX_HEADER) -> BuildChoice:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags(cpuinfo)
     cc = os.environ.get("CC", "cc")
     text = version_text(cc)
-    choice = choose(flags, parse_version(cc, text), cached_fix_header())
+    choice = choose(flags, parse_version(text), cached_fix_header())
     print(f"llama-cpp-python build: {choice.why}; CMAKE_ARGS {shlex.join(choice.cmake_args)}")
     if args.print:
         return 0

@@ -41,19 +41,19 @@ EPYC = "avx2 fma f16c avx512f avx512_vnni avx512_bf16"
 # -- the build choice (item 1) ---------------------------------------------------------------------
 
 
-def _compiler(cc: str, text: str):
-    c = llama_build.parse_version(cc, text)
+def _compiler(text: str):
+    c = llama_build.parse_version(text)
     assert c is not None
     return c
 
 
 def test_compiler_versions_are_read_as_debian_prints_them():
-    assert (_compiler("cc", GCC12).family, _compiler("cc", GCC12).major) == ("gcc", 12)
-    assert (_compiler("gcc-13", GCC13).family, _compiler("gcc-13", GCC13).major) == ("gcc", 13)
-    clang = _compiler("clang-19", CLANG19)
+    assert (_compiler(GCC12).family, _compiler(GCC12).major) == ("gcc", 12)
+    assert (_compiler(GCC13).family, _compiler(GCC13).major) == ("gcc", 13)
+    clang = _compiler(CLANG19)
     assert (clang.family, clang.major, clang.amx_ok) == ("clang", 19, True)
-    assert not _compiler("cc", GCC12).amx_ok and _compiler("gcc-13", GCC13).amx_ok
-    assert llama_build.parse_version("cc", "") is None
+    assert not _compiler(GCC12).amx_ok and _compiler(GCC13).amx_ok
+    assert llama_build.parse_version("") is None
 
 
 ICX = "Intel(R) oneAPI DPC++/C++ Compiler 2025.0.4 (2025.0.4.20241205)\n"
@@ -72,7 +72,7 @@ ICX = "Intel(R) oneAPI DPC++/C++ Compiler 2025.0.4 (2025.0.4.20241205)\n"
 )
 def test_the_build_keeps_amx_only_where_it_builds_right(flags, compiler, amx, extra):
     cpu = llama_build.cpu_flags(f"processor\t: 0\nflags\t\t: {flags}\n")
-    choice = llama_build.choose(cpu, llama_build.parse_version("cc", compiler), Path("/cache/fix.h"))
+    choice = llama_build.choose(cpu, llama_build.parse_version(compiler), Path("/cache/fix.h"))
     assert choice.amx is amx
     extras = [a for a in choice.cmake_args if a != "-DLLAVA_BUILD=OFF"]
     assert (extras[0] if extras else None) == (None if extra is None else extras[0])
@@ -122,15 +122,15 @@ def test_the_fix_header_declares_the_whole_tile_config(tmp_path):
     compile_ = lambda *pre: subprocess.run([cc, *pre, *flags], capture_output=True, text=True, check=True).stdout  # noqa: E731
     fixed = compile_("-include", str(llama_build.FIX_HEADER))
     assert "ldtilecfg" in fixed and "$8," in fixed and "$64," in fixed, fixed  # rows[0] = 8, colsb[0] = 64 stored
-    gcc = llama_build.parse_version("c++", llama_build.version_text("c++"))
+    gcc = llama_build.parse_version(llama_build.version_text("c++"))
     if gcc is not None and gcc.major < 13:  # the bug itself, as GCC 12 compiles it: the stores are gone
         assert "$8," not in compile_()
 
 
 def test_the_wheel_key_changes_with_what_changes_the_binary():
     spr = set(SPR.split())
-    a = llama_build.choose(spr, _compiler("cc", GCC12), Path("/c/fix-1.h"))
-    b = llama_build.choose(spr, _compiler("cc", GCC12), Path("/c/fix-2.h"))
+    a = llama_build.choose(spr, _compiler(GCC12), Path("/c/fix-1.h"))
+    b = llama_build.choose(spr, _compiler(GCC12), Path("/c/fix-2.h"))
     k = lambda c, text: llama_build.wheel_key(c, spr, text)  # noqa: E731
     assert k(a, GCC12) != k(b, GCC12) and k(a, GCC12) != k(a, GCC13) and k(a, GCC12) == k(a, GCC12)
     assert k(a, GCC12) != llama_build.wheel_key(a, set(EPYC.split()), GCC12)
