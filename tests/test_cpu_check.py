@@ -534,3 +534,10 @@ def test_every_model_loading_command_takes_the_placement_flags(command):
     r = CliRunner().invoke(main, [command, "--help"], terminal_width=200)
     for flag in ("--repack / -nr, --no-repack", "--override-tensor", "--device", "-otd", "-devd", "LLAMA_ARG_REPACK"):
         assert flag in r.output, (command, flag)
+
+
+def test_train_takes_repack_with_its_variable():
+    from mtp_cli.cli import main
+
+    r = CliRunner().invoke(main, ["train", "--help"], terminal_width=200)
+    assert "--repack / -nr, --no-repack" in r.output and "LLAMA_ARG_REPACK" in r.output

@@ -128,15 +128,16 @@ kv_and_sampling = stack(
 
 
 # where weights go, for every command that loads a model (llama.cpp's spellings and variables)
+repack = click.option(
+    "--repack/--no-repack",
+    " /-nr",
+    "repack",
+    default=None,
+    help="Use the CPU's extra buffer types (AMX, repacked weights) or not [default: what the CPU "
+    "self-check found safe; `mtp-cli doctor`].",
+)
 placement = stack(
-    click.option(
-        "--repack/--no-repack",
-        " /-nr",
-        "repack",
-        default=None,
-        help="Use the CPU's extra buffer types (AMX, repacked weights) or not [default: what the CPU "
-        "self-check found safe; `mtp-cli doctor`].",
-    ),
+    repack,
     click.option(
         "-ot",
         "--override-tensor",
@@ -212,6 +213,7 @@ __all__ = [
     "load_mode_of",
     "placement",
     "placement_of",
+    "repack",
     "with_llama_env",
     "llama_compat",
     "settle_refusals",

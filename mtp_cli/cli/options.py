@@ -14,7 +14,6 @@ from mtp_cli.config import GenConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = GenConfig()  # the library's defaults are the flags' (one place for each)
-_D = DEFAULTS
 PATH = click.Path(path_type=Path)
 
 
@@ -47,13 +46,13 @@ gpu_layers = click.option(
     "-ngl",
     "--n-gpu-layers",
     "n_gpu_layers",
-    default=_D.n_gpu_layers,
+    default=DEFAULTS.n_gpu_layers,
     show_default=True,
     help="Layers on the GPU (-1: all).",
 )
 prompts = click.option("--prompts", type=PATH, help="Prompts, one per line [default: built-in].")
 as_json = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-seed = click.option("-s", "--seed", default=_D.seed, show_default=True, help="Sampling seed (-1: random).")
+seed = click.option("-s", "--seed", default=DEFAULTS.seed, show_default=True, help="Sampling seed (-1: random).")
 
 output = stack(
     click.option(

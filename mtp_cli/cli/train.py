@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from gguf_tools.names import OWN_OUTPUT_TYPES, TRAINED_HEAD_TYPES
+from mtp_cli.cli import llama_flags, render
 from mtp_cli.cli import options as opt
-from mtp_cli.cli import render
 from mtp_cli.cli.app import main
 
 
@@ -98,15 +98,7 @@ from mtp_cli.cli.app import main
     "(to 0.1 x this) spans every run of the checkpoint, so a resumed run starts partway down it; "
     "a lower --lr anneals a trained head.",
 )
-@click.option(
-    "--repack/--no-repack",
-    " /-nr",
-    "repack",
-    default=None,
-    envvar="LLAMA_ARG_REPACK",
-    show_envvar=True,
-    help="Use the CPU's extra buffer types but AMX (never beside torch) or none [default: the CPU self-check's].",
-)
+@llama_flags.repack  # (AMX never runs beside torch: --repack keeps the rest)
 def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, repack: bool | None, **kw: Any) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
