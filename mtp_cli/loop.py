@@ -35,6 +35,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Drafter
 from mtp_cli.errors import LlamaError
+from mtp_cli.memory import Reuse
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import RowEdits, TokenSampler, verify_greedy
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
@@ -89,16 +90,16 @@ class VerifyLoop:
         self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
+        self.suspended = False  # at a yield: a generation closed there leaves a known memory
 
-    def run(self, prompt: Sequence[int], keep: int = 0, asleep: bool = False) -> Generator[TokenEvent, None, GenStats]:
-        """`keep`: the target already holds prompt[:keep], left by the last generation on it (whose
-        drafter was `asleep` at its end); only the rest is decoded."""
+    def run(self, prompt: Sequence[int], reuse: Optional[Reuse] = None) -> Generator[TokenEvent, None, GenStats]:
+        """`reuse`: what of the prompt the target already holds (only the rest is decoded)."""
         st = self.stats
         t_start = _now()
         try:
             if self.n_predict == 0:
                 return self._stopped("n_predict")
-            first = self._prefill(prompt, keep, asleep)
+            first = self._prefill(prompt, reuse)
             st.t_prompt = _now() - t_start
             stop = yield from self._emit(first, "target")
             if st.stop_reason != "eog":
@@ -127,14 +128,18 @@ class VerifyLoop:
 
     # -- the steps -----------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Sequence[int], keep: int, asleep: bool) -> int:
-        """Decode the prompt (from `keep` on) in n_batch chunks (the drafter follows each), sample the first token."""
+    def _prefill(self, prompt: Sequence[int], reuse: Optional[Reuse]) -> int:
+        """Decode the prompt (what the memory does not hold of it) in n_batch chunks (the drafter
+        follows each), sample the first token."""
         tgt, vb, d = self.tgt, self.vb, self.drafter
-        if keep:
-            d.resume(prompt, keep, asleep)
-        else:
+        keep = reuse.keep if reuse else 0
+        if reuse is None:
             lx.memory_clear(tgt)
             d.begin(prompt)
+        else:
+            if reuse.rewound and not lx.memory_seq_rm(tgt, 0, keep, -1):
+                raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
+            d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
         decode_prompt(tgt, vb, d, prompt, keep)
         row = lx.logits_rows(tgt, 1, self.V)
@@ -227,7 +232,9 @@ class VerifyLoop:
         self.emitted += 1
         self.stats.n_tokens, self.stats.n_first = self.emitted, 1
         t = _now()
+        self.suspended = True
         yield TokenEvent(tok, self.utf8.decode(self.pieces(tok)), source, self.step)
+        self.suspended = False
         self.t_consumer += _now() - t
         if self.emitted >= self.n_predict:
             self._stopped("n_predict")
@@ -254,4 +261,4 @@ class VerifyLoop:
         self.sampler.close()
 
 
-__all__ = ["VerifyLoop"]
+__all__ = ["VerifyLoop", "decode_prompt"]

@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -33,9 +33,10 @@ from mtp_cli.config import GenConfig, Placement
 from mtp_cli.drafters import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.loop import VerifyLoop
+from mtp_cli.memory import Held, Reuse
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import verify_sampled
-from mtp_cli.stats import GenStats, TokenEvent
+from mtp_cli.stats import Generation, GenStats, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +50,6 @@ def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
         return gf
     except BadFileError as e:
         raise ModelFileError(f"{role}: {e}") from None
-
-
-@dataclass(frozen=True)
-class Held:
-    """The tokens a finished generation left in the target's memory, and the drafter that followed them."""
-
-    tokens: list[int]
-    drafter: Drafter
-    asleep: bool
-
-    def kept_for(self, prompt: list[int], d: Drafter) -> int:
-        """How much of `prompt` is already decoded: all of these tokens if the prompt extends them
-        (and the same drafter, able to continue, goes on), else 0."""
-        n = len(self.tokens)
-        if d is self.drafter and d.can_resume and len(prompt) > n and prompt[:n] == self.tokens:
-            return n
-        return 0
 
 
 @dataclass(frozen=True)
@@ -312,14 +296,14 @@ class Runtime:
         *,
         policy: Optional[DraftPolicy] = None,
         reuse: bool = False,
-    ) -> Iterator[TokenEvent]:
-        """Validate, then return a generator of TokenEvents. Statistics: `self.stats` (live, final
-        once the generator ends; also the generator's return value). A KeyboardInterrupt while
-        generating ends the generator normally with stop_reason "interrupted"; closing the
-        generator early (break) also records "interrupted". `policy` chooses N per step (at most
-        its n_max, which then sizes the contexts); without one N is config.draft_n_max. `reuse`:
-        a prompt that extends what the last generation left in memory (the next turn of a chat:
-        its prompt, its tokens) decodes only its new tokens (stats.n_cached says how many were kept)."""
+    ) -> Generation:
+        """Validate, then return the Generation (iterate it for TokenEvents; its `stats`, also
+        `self.stats`, are live and final once it ends). A KeyboardInterrupt while generating ends it
+        normally with stop_reason "interrupted"; closing it early (break) also records
+        "interrupted". `policy` chooses N per step (at most its n_max, which then sizes the
+        contexts); without one N is config.draft_n_max. `reuse`: the longest prefix the prompt
+        shares with what the last generation left in memory is kept, only the rest decoded
+        (stats.n_cached says how many; mtp_cli.memory)."""
         self._require_open()
         cfg = drafters.validated(config)
         if cfg.spec_type == "none":
@@ -339,25 +323,23 @@ class Runtime:
         if d.n_max_limit is not None:
             n_max = min(n_max, d.n_max_limit)
         held, ctxs.held = ctxs.held, None  # (until the new generation ends, the memory is in flux)
-        keep = held.kept_for(prompt, d) if reuse and held is not None else 0
+        kept = held.reuse(prompt, d, self.recurrent) if reuse and held is not None else None
         stats = GenStats(
             spec_type=cfg.spec_type,
             n_max=n_max,
             n_prompt=len(prompt),
-            n_cached=keep,
+            n_cached=kept.keep if kept else 0,
             drafted_at=[0] * n_max,
             accepted_at=[0] * n_max,
         )
         self.stats = stats
-        asleep = held.asleep if keep and held is not None else False
         policy = policy if policy is not None else DraftPolicy(n_max)
-        return self._run(prompt, keep, asleep, cfg, ctxs, d, policy, stats)
+        return Generation(self._run(prompt, kept, cfg, ctxs, d, policy, stats), stats)
 
     def _run(
         self,
         prompt: list[int],
-        keep: int,
-        asleep: bool,
+        kept: Optional[Reuse],
         cfg: GenConfig,
         ctxs: Contexts,
         d: Drafter,
@@ -370,9 +352,9 @@ class Runtime:
             self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled, eog
         )
         try:
-            return (yield from loop.run(prompt, keep, asleep))
-        finally:  # (an interrupted loop may have stopped inside a decode: its memory is not known)
-            if stats.stop_reason in ("eog", "n_predict", "ctx_full") and loop.decoded:
+            return (yield from loop.run(prompt, kept))
+        finally:  # (one interrupted inside a decode leaves a memory not known)
+            if (stats.finished or loop.suspended) and loop.decoded:
                 ctxs.held = Held(loop.decoded, d, loop.asleep)
 
     def _checked_prompt(self, prompt_tokens: Sequence[int]) -> list[int]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
 StopReason = Literal["eog", "n_predict", "ctx_full", "interrupted", "error"]
+# the ends at which what the target's memory holds is known (an interrupted or failed generation
+# may have stopped inside a decode)
+FINISHED: tuple[StopReason, ...] = ("eog", "n_predict", "ctx_full")
 Source = Literal["draft", "target"]  # "draft": drafted and accepted; "target": the target's own token
 
 
@@ -85,6 +88,11 @@ class GenStats:
         return total
 
     @property
+    def finished(self) -> bool:
+        """It ran to one of its own ends (FINISHED), not stopped by its consumer or a failure."""
+        return self.stop_reason in FINISHED
+
+    @property
     def acceptance(self) -> float:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
@@ -126,8 +134,46 @@ class GenStats:
         return {**asdict(self), **{k: getattr(self, k) for k in _DERIVED}}
 
 
+class Generation:
+    """One generation: iterate it for its TokenEvents (`close()` stops it early, as a `break` does);
+    `stats` is live while it runs and final once it ends; `tokens` and `text` are what it emitted."""
+
+    def __init__(self, events: Generator[TokenEvent, None, Any], stats: GenStats):
+        self._events, self.stats = events, stats
+        self.tokens: list[int] = []
+        self._pieces: list[str] = []
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        return self._took(next(self._events))
+
+    def throw(self, exc: BaseException) -> TokenEvent:
+        """Raise `exc` where the generation is suspended (a KeyboardInterrupt ends it as "interrupted")."""
+        return self._took(self._events.throw(exc))
+
+    def _took(self, ev: TokenEvent) -> TokenEvent:
+        self.tokens.append(ev.token)
+        self._pieces.append(ev.text)
+        return ev
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _add(a: list[int], b: list[int], n: int) -> list[int]:
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
-__all__ = ["GenStats", "TokenEvent", "StopReason", "Source"]
+__all__ = ["GenStats", "Generation", "TokenEvent", "StopReason", "Source", "FINISHED"]

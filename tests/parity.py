@@ -15,6 +15,8 @@ import pytest
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
+from mtp_cli.memory import common_prefix
+from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 
 # One thread: ggml's worker threads spin-wait at every barrier, and on this 2-core machine with
@@ -88,6 +90,34 @@ def compare(ref: list[int], out: list[int], gaps: np.ndarray, what: str) -> int:
 
 def run(rt: Runtime, prompt: list[int], cfg: GenConfig) -> list[int]:
     return [ev.token for ev in rt.generate(prompt, cfg)]
+
+
+class _Sleepy(DraftPolicy):
+    """Drafting off after the first steps: the drafter ends its generation asleep."""
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        self.sleep = done >= 2
+        return 0 if self.sleep else self.n_max
+
+
+def check_prefix_reuse(rt: Runtime, cfg: GenConfig, sleep: bool = False) -> None:
+    """Regenerate (the same prompt again), an edited last turn, a shared head: the memory keeps
+    the longest prefix the new prompt shares with it (all but the last prompt token at most; on a
+    recurrent target only an exact continuation) and the output is a full prefill's."""
+    p1 = rt.tokenize(" ".join([PROMPT, "the world a hello"] * 3))
+    pol = (lambda: _Sleepy(cfg.draft_n_max)) if sleep else (lambda: None)
+    out1 = [ev.token for ev in rt.generate(p1, cfg, policy=pol(), reuse=True)]
+    again = [ev.token for ev in rt.generate(p1, cfg, reuse=True)]
+    assert rt.stats.n_cached == (0 if rt.recurrent else len(p1) - 1) and again == out1
+    list(rt.generate(p1 + out1 + rt.tokenize(" world", add_special=False), cfg, policy=pol(), reuse=True))
+    for edited in (p1[:-2] + rt.tokenize(" a a hello", add_special=False), p1[:3]):
+        assert rt._ctx is not None and rt._ctx.held is not None
+        held = rt._ctx.held.tokens
+        got = [ev.token for ev in rt.generate(edited, cfg, reuse=True)]
+        want = 0 if rt.recurrent else min(len(edited) - 1, common_prefix(held, edited))
+        assert rt.stats.n_cached == want and (rt.recurrent or want >= 2), (cfg.spec_type, edited)
+        assert got == run(rt, edited, cfg), (cfg.spec_type, sleep, edited)
+        list(rt.generate(p1 + out1, cfg, policy=pol(), reuse=True))
 
 
 def _parity_sweep(

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from gguf_tools.gguf_file import open_gguf
-from mtp_cli.chat import Conversation, chat_prompt
+from mtp_cli.chat import chat_prompt
+from mtp_cli.config import GenConfig
+from mtp_cli.session import Session
+from mtp_cli.stats import Generation, GenStats, TokenEvent
 
 pty = pytest.importorskip("pty")
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,13 +120,34 @@ def test_a_conversation_keeps_each_answer_as_its_tokens(tiny_models):
     gf = open_gguf(tiny_models("glm4moe")["full"])
     seen: list[tuple[str, bool]] = []
 
-    def tokenize(text: str, add: bool) -> list[int]:
-        seen.append((text, add))
-        return [len(text)]  # a stand-in: one token per call
+    class Host:  # a stand-in runtime: one token per tokenize call, generations of fixed tokens
+        file = gf
 
-    conv = Conversation(gf, "<s>", "</s>", tokenize, system="be brief")
-    first = conv.ask("hi")
-    assert seen[0] == (chat_prompt(gf, "hi", "<s>", "</s>", system="be brief"), True) and first == [len(seen[0][0])]
-    conv.answered("hello there", [7, 8, 9])
-    second = conv.ask("and then?")
-    assert second[:4] == [*first, 7, 8, 9] and seen[1] == ("\n<|user|>\nand then?\n<|assistant|>\n", False)
+        def special_texts(self) -> tuple[str, str]:
+            return "<s>", "</s>"
+
+        def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+            seen.append((text, add_special))
+            return [len(text)]
+
+        def generate(self, prompt_tokens, config, *, policy=None, reuse=False) -> Generation:
+            def events():
+                yield from (TokenEvent(t, f"<{t}>", "target", 0) for t in (7, 8, 9))
+
+            return Generation(events(), GenStats())
+
+    session = Session(Host())
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    first = session.chat(msgs)
+    assert seen[0] == (chat_prompt(gf, "hi", "<s>", "</s>", system="be brief"), True)
+    assert first.tokens == [len(seen[0][0])]
+    gen = session.generate(first, GenConfig())
+    answer = "".join(ev.text for ev in gen)
+    second = session.chat([*msgs, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}])
+    assert second.tokens[:4] == [*first.tokens, 7, 8, 9] and seen[1] == (
+        "\n<|user|>\nand then?\n<|assistant|>\n",
+        False,
+    )
+    # an edited answer is not what the memory holds: the conversation is rendered whole
+    third = session.chat([*msgs, {"role": "assistant", "content": "no"}, {"role": "user", "content": "and then?"}])
+    assert len(third.tokens) == 1 and seen[2][1] is True

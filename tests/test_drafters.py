@@ -30,6 +30,7 @@ from tests.parity import (
     _one_line,
     _parity_sweep,
     baseline_gaps,
+    check_prefix_reuse,
     compare,
     greedy,
     run,
@@ -301,6 +302,8 @@ def test_chained_heads_parity(tmp_path, record_property):
                 if n >= 3:
                     assert rt.stats.drafted_at[2] > 0 and rt.stats.accepted_at[1] > 0
         assert isinstance(rt._ctx.drafters["mtp"], MtpDrafter) and rt._ctx.drafters["mtp"].chain  # type: ignore[union-attr]
+        for sleep in (False, True):  # every head drops its rows past a kept prefix
+            check_prefix_reuse(rt, greedy(spec_type="mtp", draft_n_max=3, n_predict=10), sleep)
     assert 0.2 < acc < 0.95
     # head 0's first drafts equal a one-batch reference pass of head 0 over the whole sequence:
     # the per-head catch-up (seq_rm + re-decode under each head) leaves head 0's KV intact

@@ -19,7 +19,7 @@ from mtp_cli.errors import ModelFileError, VocabMismatchError
 from mtp_cli.runtime import Runtime
 from tests.factory import BOS_ID, EOS_ID
 from tests.gemma4_pair import SWA, Gemma4Pair, write_gemma4_pair
-from tests.parity import PROMPT, greedy, run
+from tests.parity import PROMPT, check_prefix_reuse, greedy, run
 from tests.test_sampling import SAMPLING, SIG, _p_values, _sample_runs, biased_verify
 
 
@@ -45,6 +45,8 @@ def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(
         d = rt.contexts(GenConfig(spec_type="mtp", draft_n_max=8, n_ctx=256, n_batch=64, n_threads=1))[1]
         assert isinstance(d, MtpDrafter) and d.mem_shared  # (no KV of its own: ctx_other kept)
         assert lx.n_batch(d.ctx) == SHARED_N_BATCH  # one row a decode: a small compute buffer
+        for sleep in (False, True):  # a kept prefix of the target's memory is the assistant's too
+            check_prefix_reuse(rt, greedy(spec_type="mtp", draft_n_max=3, n_predict=10), sleep)
 
 
 def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_path):

@@ -17,7 +17,7 @@ from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.errors import ConfigError, ModelFileError, MtpError, NoMtpHeadError
 from mtp_cli.runtime import Runtime
 from tests.factory import EOS_ID, TinySpec, token_permutation
-from tests.parity import ARCHS, NS, PROMPT, SENSITIVE, THREADS, _one_line, greedy, run
+from tests.parity import ARCHS, NS, PROMPT, SENSITIVE, THREADS, _one_line, check_prefix_reuse, greedy, run
 
 
 @pytest.fixture(scope="session")
@@ -339,6 +339,20 @@ def test_a_prompt_that_extends_the_last_generation_decodes_only_its_new_tokens(m
             fresh = run(rt, prompt, cfg)  # reuse=False: a full prefill
             assert rt.stats.n_cached == 0 and got == fresh, (arch, spec)
             assert acc == rt.stats.n_accepted, (arch, spec, acc, rt.stats.n_accepted)  # the drafter continued right
-        # a prompt that does not extend the memory is decoded whole
-        list(rt.generate(p1 + [p1[-1]], cfg, reuse=True))
-        assert rt.stats.n_cached == 0
+        # a prompt that leaves the memory's tokens part-way keeps the prefix they share (a recurrent
+        # target, whose state cannot drop a tail, decodes it whole), with a full prefill's output
+        edited = p1 + [p1[-1]]
+        got = [ev.token for ev in rt.generate(edited, cfg, reuse=True)]
+        assert rt.stats.n_cached == (0 if rt.recurrent else len(p1))
+        assert got == run(rt, edited, cfg), (arch, spec)
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp", "ngram"])
+@pytest.mark.parametrize("sleep", [False, True])
+def test_the_longest_common_prefix_is_kept_regenerate_and_edits_give_a_fresh_prefills_output(models, spec, sleep):
+    """Regenerate (the same prompt again), an edited last turn, a shared head: the memory keeps
+    what the new prompt shares with it and drops the rest (the MTP head too, asleep or not); the
+    output is a full prefill's."""
+    s = models("glm4moe", **SENSITIVE)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        check_prefix_reuse(rt, greedy(spec_type=spec, draft_n_max=3, n_predict=10), sleep)

@@ -22,6 +22,7 @@ from mtp_cli.cli import main  # noqa: E402
 from mtp_cli.config import GenConfig  # noqa: E402
 from mtp_cli.serve.api import create_app  # noqa: E402
 from mtp_cli.serve.engine import Engine  # noqa: E402
+from mtp_cli.stats import Generation  # noqa: E402
 from tests.factory import tiny_model_set  # noqa: E402
 
 N_CTX = 256
@@ -154,7 +155,7 @@ def test_a_follow_up_turn_decodes_only_its_new_tokens(served):
     assert cached >= a.usage.prompt_tokens + a.usage.completion_tokens - 1 and b.usage.prompt_tokens > cached
     c.completions.create(model=served.engine.alias, prompt="something else", temperature=0, max_tokens=2)
     fresh = c.chat.completions.create(messages=turn2, model=served.engine.alias, temperature=0, max_tokens=10)
-    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.usage.prompt_tokens_details.cached_tokens < 4  # (what it shares with "something else")
     assert fresh.choices[0].message.content == b.choices[0].message.content  # the cache changes nothing
 
 
@@ -162,17 +163,7 @@ def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
     """A client gone mid-stream stops the generation at its next token; the server goes on."""
     engine = served.engine
     real = engine.rt.generate
-
-    def slow(*a, **k):  # a slow model: 20 ms a token
-        inner = real(*a, **k)
-        try:
-            for ev in inner:
-                time.sleep(0.02)
-                yield ev
-        finally:
-            inner.close()
-
-    monkeypatch.setattr(engine.rt, "generate", slow)
+    _slow(engine, monkeypatch)  # 20 ms a token
     c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True, "stream": True}
     c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -309,12 +300,16 @@ def _slow(engine, monkeypatch, per_token: float = 0.02):
 
     def slow(*a, **k):
         inner = real(*a, **k)
-        try:
-            for ev in inner:
-                time.sleep(per_token)
-                yield ev
-        finally:
-            inner.close()
+
+        def events():
+            try:
+                for ev in inner:
+                    time.sleep(per_token)
+                    yield ev
+            finally:
+                inner.close()
+
+        return Generation(events(), inner.stats)
 
     monkeypatch.setattr(engine.rt, "generate", slow)
 
@@ -397,7 +392,7 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
         ([], "".join(pieces)),
     ):
         sent: list = []
-        text, tokens, cut = _stream(gen(), Job(None, sent.append), stops)  # type: ignore[arg-type]
+        text, cut = _stream(gen(), Job(None, sent.append), stops)  # type: ignore[arg-type]
         assert text == want and cut == bool(stops) and "".join(d.text for d in sent if isinstance(d, Delta)) == want
 
 

@@ -7,10 +7,10 @@ from typing import Any, Optional
 
 import click
 
-from mtp_cli.chat import Conversation
 from mtp_cli.cli import render
 from mtp_cli.config import GenConfig
 from mtp_cli.policy import DraftPolicy
+from mtp_cli.session import Message, Session
 
 HELP = "conversation: /exit or end of input (Ctrl-D) to leave; Ctrl-C stops an answer (at the prompt: leaves)"
 
@@ -26,10 +26,8 @@ def converse(
     """Read a line, answer it with the model's chat template and the history kept in memory; repeat."""
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
-    bos, eos = rt.special_texts()
-    conv = Conversation(
-        rt.file, bos, eos, lambda text, add: rt.tokenize(text, add_special=add, parse_special=True), system
-    )
+    session = Session(rt)
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
     render.note(HELP)
     line = first
     while True:
@@ -42,19 +40,16 @@ def converse(
         if line.strip() == "/exit":
             return
         if line.strip():
-            _answer(rt, conv, conv.ask(line), cfg, policy, colour)
+            messages.append({"role": "user", "content": line})
+            messages.append({"role": "assistant", "content": _answer(session, messages, cfg, policy, colour)})
         line = None
 
 
-def _answer(rt: Any, conv: Conversation, prompt: list[int], cfg: GenConfig, policy: Any, colour: bool) -> None:
+def _answer(session: Session, messages: list[Message], cfg: GenConfig, policy: Any, colour: bool) -> str:
     """Stream one answer (Ctrl-C stops it: what came so far stays in the history), then its summary."""
-    gen = rt.generate(prompt, cfg, policy=policy, reuse=True)  # (a history past the context: one line, -c)
-    tokens: list[int] = []
-    pieces: list[str] = []
+    gen = session.generate(session.chat(messages), cfg, policy)  # (a history past the context: one line, -c)
     try:
         for ev in gen:
-            tokens.append(ev.token)
-            pieces.append(ev.text)
             text = click.style(ev.text, fg="green") if colour and ev.source == "draft" else ev.text
             click.echo(text, nl=False, color=colour or None)
     except KeyboardInterrupt:
@@ -62,5 +57,5 @@ def _answer(rt: Any, conv: Conversation, prompt: list[int], cfg: GenConfig, poli
     finally:
         gen.close()
     click.echo("")
-    render.gen_stats(rt.stats)
-    conv.answered("".join(pieces), tokens)
+    render.gen_stats(gen.stats)
+    return gen.text

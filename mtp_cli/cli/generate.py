@@ -93,7 +93,7 @@ def generate(
         if res.note:
             render.note(f"note: {res.note}")
         pieces = _stream(gen, as_json, show_draft)
-        stats = rt.stats
+        stats = gen.stats
     _report(as_json, text, pieces, stats, res.policy, opts["seed"] if opts["temp"] > 0 else None)
     if stats is not None and stats.stop_reason == "interrupted":
         sys.exit(130)  # as llama.cpp does, after the summary

@@ -10,10 +10,12 @@ The verify loop (mtp_cli.loop) drives an instance:
 
     configure(cfg)                    per generation: the settings it reads (p_min, n-gram sizes)
     begin(prompt)                     a new generation: reset state, clear own context(s)
-    resume(prompt, keep, asleep)      (drafters with can_resume) a new generation whose prompt
-                                      extends what the last one left in the target: the target
-                                      holds prompt[:keep]; the drafter's state continues from the
-                                      last generation (`asleep`: that one ended with it skipped)
+    resume(prompt, keep, asleep, rewound)
+                                      (drafters with can_resume) a new generation whose prompt
+                                      shares prompt[:keep] with what the last one left in the
+                                      target, which holds just that now; `rewound`: the target
+                                      dropped positions keep.. (else it held exactly those);
+                                      `asleep`: the last generation ended with the drafter skipped
     on_prefill(tokens, pos0)          the target just decoded a prompt chunk at pos0..
     draft(id_last, pos, n_max)        up to n_max tokens to follow id_last (which sits at `pos`
                                       and is not yet in the target's memory); n_max may be 0
@@ -133,7 +135,7 @@ class Drafter:
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
-    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot resume")
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
@@ -200,6 +202,41 @@ class DraftRows:
             k += take
 
 
+class HeadProbe:
+    """Times the head's decodes as a step runs them, without advancing its memory (the cost model's).
+    Call after begin/on_prefill/catch_up of a prompt."""
+
+    def __init__(
+        self,
+        ctx: lx.ContextPtr,
+        n_embd: int,
+        pending_h: np.ndarray,
+        all_outputs: bool,
+        shares_memory: bool,
+        n_rows: int,
+    ):
+        self.ctx, self.pending_h, self.all_outputs = ctx, pending_h, all_outputs
+        self.batch = lx.Batch(n_rows, n_embd)
+        self.shares_memory = shares_memory  # no catch-up rows: a step's first decode has one row
+
+    def decode(self, tokens: Sequence[int], pos: int) -> float:
+        """Seconds of one head decode of `tokens` from pos (all at pos when sharing the target's
+        memory), paired with the pending h row, with the outputs a step's merged decode has."""
+        b = self.batch
+        b.clear()
+        for j, tok in enumerate(tokens):
+            out = self.all_outputs or j == len(tokens) - 1
+            b.add(tok, pos if self.shares_memory else pos + j, logits=out, h=self.pending_h)
+        t = _now()
+        lx.decode(self.ctx, b)
+        return _now() - t
+
+    def reset(self, pos: int) -> None:
+        """Drop the probe's rows from pos on."""
+        if not self.shares_memory:
+            lx.memory_seq_rm(self.ctx, 0, pos, -1)
+
+
 def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFFile, draft_file: GGUFFile) -> None:
     """The rule llama.cpp applies to draft models (common_speculative_are_compatible): same
     vocabulary type and special tokens, sizes within 128 (padding), identical shared entries."""
@@ -217,4 +254,4 @@ def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFF
             raise VocabMismatchError(f"{what} (token {i}: {b!r} vs {a!r})")
 
 
-__all__ = ["DraftRows", "Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]
+__all__ = ["DraftRows", "HeadProbe", "Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]

@@ -11,7 +11,6 @@ head shares; `create` picks one class per head kind (ARCHITECTURE §3):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -28,6 +27,7 @@ from mtp_cli.drafters.base import (
     ContextPlan,
     Drafter,
     DraftRows,
+    HeadProbe,
     Loader,
     Models,
     check_same_vocab,
@@ -42,8 +42,6 @@ SHARED_N_BATCH = 1
 # Those heads extract unmasked (by batch index); "output_rows" graphs (step35, mimo2) stay masked
 # (unmasked aborts); for an unknown graph every merged row is an output (at most MERGE_ROWS).
 MERGE_ROWS = DRAFT_N_MAX_LIMIT + 1
-
-_now = time.perf_counter
 
 
 class MtpDrafter(Drafter):
@@ -182,10 +180,23 @@ class MtpDrafter(Drafter):
         self.pending_h[:] = 0.0
         self.rows.n_extra = 0
 
-    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         """The head's memory, queued rows and pending_h continue where the prompt's tokens at keep.. do."""
-        if asleep:
+        if rewound:
+            self._rewind(keep, asleep)
+        elif asleep:
             self.restart(keep)  # (the target's last decode was one plain token at keep-1)
+
+    def _rewind(self, keep: int, asleep: bool) -> None:
+        """Drop what the head holds from keep on (all of it after a sleep: its memory has a gap); its
+        row at keep pairs with no h (the target's row of keep-1 went with an earlier batch)."""
+        self.catch_up()
+        if asleep:
+            lx.memory_clear(self.ctx, data=False)
+        elif not lx.memory_seq_rm(self.ctx, 0, keep, -1):
+            raise LlamaError("MTP context refused to drop its rows past the kept prompt")
+        self.rows.n_extra = 0
+        self.pending_h[:] = 0.0
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         n = len(tokens)
@@ -233,7 +244,7 @@ class MtpDrafter(Drafter):
 
     def cost_probe(self, n_rows: int) -> HeadProbe:
         """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""
-        return HeadProbe(self, n_rows)
+        return HeadProbe(self.ctx, self.E, self.pending_h, self.all_outputs, self.mem_shared, n_rows)
 
 
 class OwnKvHead(MtpDrafter):
@@ -354,6 +365,10 @@ class SharedAssistant(MtpDrafter):
     def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
         """Nothing: its memory is the target's, which the loop rolled back."""
 
+    def _rewind(self, keep: int, asleep: bool) -> None:
+        self.rows.batch.clear()  # (its memory is the target's, which the loop rewound)
+        self.pending_h[:] = 0.0
+
     def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         b, tok, h = self.rows.batch, id_last, self.pending_h
         out: list[int] = []
@@ -368,30 +383,3 @@ class SharedAssistant(MtpDrafter):
             tok, h = nxt, lx.get_embeddings_nextn_ith(self.ctx, 0, copy=False, n_embd=self.E)
         b.clear()
         return out
-
-
-class HeadProbe:
-    """Times the head's decodes as a step runs them, without advancing its memory (the cost model's).
-    Call after begin/on_prefill/catch_up of a prompt."""
-
-    def __init__(self, drafter: MtpDrafter, n_rows: int):
-        self.d = drafter
-        self.batch = lx.Batch(n_rows, drafter.E)
-        self.shares_memory = drafter.mem_shared  # no catch-up rows: a step's first decode has one row
-
-    def decode(self, tokens: Sequence[int], pos: int) -> float:
-        """Seconds of one head decode of `tokens` from pos (all at pos when sharing the target's
-        memory), paired with the pending h row, with the outputs a step's merged decode has."""
-        b, d = self.batch, self.d
-        b.clear()
-        for j, tok in enumerate(tokens):
-            out = d.all_outputs or j == len(tokens) - 1
-            b.add(tok, pos if self.shares_memory else pos + j, logits=out, h=d.pending_h)
-        t = _now()
-        lx.decode(d.ctx, b)
-        return _now() - t
-
-    def reset(self, pos: int) -> None:
-        """Drop the probe's rows from pos on."""
-        if not self.shares_memory:
-            lx.memory_seq_rm(self.d.ctx, 0, pos, -1)

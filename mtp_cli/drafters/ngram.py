@@ -37,7 +37,7 @@ class NgramDrafter(Drafter):
 
     can_resume = True
 
-    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         self.begin(prompt)  # (its index is rebuilt from the whole prompt: no context to keep)
 
     def begin(self, prompt: Sequence[int]) -> None:

@@ -13,5 +13,5 @@ class NoDrafter(Drafter):
     order = 0
     can_resume = True
 
-    def resume(self, prompt: Sequence[int], keep: int, asleep: bool) -> None:
+    def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         pass

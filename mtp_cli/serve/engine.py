@@ -5,10 +5,9 @@ at a time (a llama context is not thread-safe), reporting each as Events through
 A job's events: Started (the prompt checked and its cached share known), then Delta texts, then
 Done; or Failed at any point. A job whose `cancelled` is set stops at its next token.
 
-The KV cache keeps what the last request left (Runtime reuse): a chat request that repeats the last
-conversation, with its answer as it was generated, and adds turns decodes only the added turns (the
-template's text between them, chat.continuation); a completion whose prompt extends the last
-prompt and completion decodes only the extension. Both report it as cached tokens.
+The KV cache keeps what the last request left (mtp_cli.session): a request decodes only what its
+prompt does not share with it (a follow-up turn, a regenerated answer, an edited last turn, a shared
+system prompt), and reports the rest as cached tokens.
 """
 
 from __future__ import annotations
@@ -20,17 +19,17 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
-from mtp_cli.chat import continuation, render
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
+from mtp_cli.session import Prompt, Session
 from mtp_cli.speed.auto import AutoDraft, DraftN, Resolved
-from mtp_cli.stats import GenStats
+from mtp_cli.stats import Generation, GenStats
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +91,6 @@ class Record:
     n_max: int
 
 
-@dataclass
-class _Kept:
-    """What the KV cache holds, as the request that left it: the conversation with its answer (chat)
-    or the prompt text and its completion, and their tokens (prompt + generated)."""
-
-    messages: Optional[list[dict[str, str]]]
-    text: Optional[str]
-    tokens: list[int]
-
-
 class Engine:
     """The server's model: `submit` jobs from any thread; one worker thread runs them in order."""
 
@@ -115,7 +104,7 @@ class Engine:
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
-        self._kept: Optional[_Kept] = None
+        self.session = Session(rt)
         self._current: Optional[Job] = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
@@ -193,23 +182,19 @@ class Engine:
         cfg = replace(self.base, **req.overrides())
         if not cfg.greedy and cfg.seed < 0:
             cfg = replace(cfg, seed=secrets.randbits(31))  # random, but said: the request can be repeated
-        prompt, kept_after = self._prompt(req)
+        prompt = self._prompt(req)
+        n_prompt = len(prompt.tokens)
         if req.n_predict() is not None:
-            self._check_fits(len(prompt), cfg.n_predict, req.max_tokens_field())
+            self._check_fits(n_prompt, cfg.n_predict, req.max_tokens_field())
         else:  # (the server's own -n: as much of it as fits)
-            self._check_fits(len(prompt), -1, "")
+            self._check_fits(n_prompt, -1, "")
             if cfg.n_predict > 0:
-                cfg = replace(cfg, n_predict=min(cfg.n_predict, self.n_ctx - len(prompt)))
+                cfg = replace(cfg, n_predict=min(cfg.n_predict, self.n_ctx - n_prompt))
         res = self.auto.resolve(cfg, self.draft_n)
-        self._kept = None  # (until this generation ends, the cache is in flux)
-        gen = self.rt.generate(prompt, res.config, policy=res.policy, reuse=True)
-        assert self.rt.stats is not None
-        job.emit(Started(len(prompt), self.rt.stats.n_cached))
-        text, tokens, cut = _stream(gen, job, req.stop_strings())
-        st = self.rt.stats
-        natural = st.stop_reason in FINISH and not cut
-        if natural:
-            self._kept = kept_after(text, prompt + tokens)
+        gen = self.session.generate(prompt, res.config, res.policy)
+        job.emit(Started(n_prompt, gen.stats.n_cached))
+        text, cut = _stream(gen, job, req.stop_strings())
+        st = gen.stats
         rec = Record(
             job.id,
             st.n_prompt,
@@ -235,45 +220,22 @@ class Engine:
                 f"({self.n_ctx} tokens): ask for at most {self.n_ctx - n_prompt}"
             )
 
-    def _prompt(
-        self, req: Union[ChatRequest, CompletionRequest]
-    ) -> tuple[list[int], Callable[[str, list[int]], _Kept]]:
-        """The request's prompt tokens (continuing what the cache holds where it can), and how to
-        describe, once answered, what the cache then holds."""
-        rt, kept = self.rt, self._kept
+    def _prompt(self, req: Union[ChatRequest, CompletionRequest]) -> Prompt:
         if isinstance(req, ChatRequest):
-            msgs = req.chat_messages()
-            bos, eos = rt.special_texts()
-            after = lambda out, toks: _Kept([*msgs, {"role": "assistant", "content": out}], None, toks)  # noqa: E731
-            if kept is not None and kept.messages is not None and _extends(msgs, kept.messages):
-                more = continuation(rt.file, kept.messages, msgs[len(kept.messages) :], bos, eos)
-                return kept.tokens + rt.tokenize(more, add_special=False, parse_special=True), after
-            return rt.tokenize(render(rt.file, msgs, bos, eos), add_special=True, parse_special=True), after
+            return self.session.chat(req.chat_messages())
         text = req.prompt_text()
-        if text is None:  # token ids: nothing to continue as text
-            return req.prompt_ids(), lambda out, toks: _Kept(None, None, toks)
-        done = lambda out, toks: _Kept(None, text + out, toks)  # noqa: E731
-        if kept is not None and kept.text is not None and len(text) > len(kept.text) and text.startswith(kept.text):
-            return kept.tokens + rt.tokenize(text[len(kept.text) :], add_special=False), done
-        if not text:
-            raise ConfigError("`prompt` is empty")
-        return rt.tokenize(text, add_special=True), done
+        return self.session.ids(req.prompt_ids()) if text is None else self.session.text(text)
 
 
-def _extends(msgs: Sequence[dict[str, str]], kept: Sequence[dict[str, str]]) -> bool:
-    return len(msgs) > len(kept) and list(msgs[: len(kept)]) == list(kept)
-
-
-def _stream(gen: Any, job: Job, stops: list[str]) -> tuple[str, list[int], bool]:
+def _stream(gen: Generation, job: Job, stops: list[str]) -> tuple[str, bool]:
     """Run the generation, emitting text as it comes (holding back what could begin a stop string);
-    (the text, the generated tokens, whether a stop string cut it)."""
-    out, tokens, sent, cut = "", [], 0, False
+    (the text, whether a stop string cut it)."""
+    out, sent, cut = "", 0, False
     hold = max((len(s) for s in stops), default=1) - 1
     try:
         for ev in gen:
             if job.cancelled.is_set():
                 break
-            tokens.append(ev.token)
             lo = max(0, len(out) - hold)
             out += ev.text
             if stops:
@@ -289,7 +251,7 @@ def _stream(gen: Any, job: Job, stops: list[str]) -> tuple[str, list[int], bool]
         gen.close()
     if len(out) > sent and not job.cancelled.is_set():
         job.emit(Delta(out[sent:]))
-    return out, tokens, cut
+    return out, cut
 
 
 def _figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:

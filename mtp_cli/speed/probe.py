@@ -23,7 +23,8 @@ from dataclasses import replace
 from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.mtp import HeadProbe, MtpDrafter
+from mtp_cli.drafters.base import HeadProbe
+from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.errors import ConfigError, LlamaError, NoMtpHeadError
 from mtp_cli.loop import decode_prompt
 from mtp_cli.runtime import Runtime

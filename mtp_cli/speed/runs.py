@@ -126,10 +126,10 @@ def run_setting(
     """One pass over all prompts (one policy, if given, for the whole pass); pooled stats."""
     out = []
     for toks in prompts:
-        for _ in rt.generate(toks, cfg, policy=policy):
+        gen = rt.generate(toks, cfg, policy=policy)
+        for _ in gen:
             pass
-        assert rt.stats is not None
-        out.append(rt.stats)
+        out.append(gen.stats)
     return GenStats.pooled(out, None if out else drafters.get(cfg.spec_type).name)
 
 

@@ -282,10 +282,10 @@ def measure_acceptance(
         use_chat = chat if chat is not None else isinstance(rt.file.get("tokenizer.chat_template"), str)
         for p in prompts:
             text = chat_prompt(rt.file, p, *rt.special_texts()) if use_chat else p
-            for _ in rt.generate(rt.tokenize(text, add_special=True, parse_special=use_chat), cfg):
+            gen = rt.generate(rt.tokenize(text, add_special=True, parse_special=use_chat), cfg)
+            for _ in gen:
                 pass
-            assert rt.stats is not None
-            runs.append(rt.stats)
+            runs.append(gen.stats)
     return GenStats.pooled(runs)
 
 

@@ -1,0 +1,122 @@
+"""One session on a runtime: what the target's memory holds, as the chat or text that put it there,
+and the prompt tokens for the next request (`generate -cnv` and `serve` alike).
+
+    s = Session(rt)
+    p = s.chat([{"role": "user", "content": "hi"}])
+    gen = s.generate(p, cfg)            # a Generation: iterate it; gen.stats, gen.text, gen.tokens
+    p = s.chat([..., {"role": "assistant", "content": gen.text}, {"role": "user", "content": "and?"}])
+
+A chat that repeats the last conversation with its answer as generated, and adds turns, gets the
+held tokens (each answer's own, as generated) plus the template's text between that answer and the
+next (chat.continuation); a completion that extends the last prompt and its completion gets the
+held tokens plus the extension's. Anything else is rendered and tokenized whole, and the runtime
+keeps the longest prefix it shares with the memory (mtp_cli.memory): regenerate, an edited last
+turn, a shared system prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from gguf_tools.gguf_file import GGUFFile
+from mtp_cli.chat import continuation, render
+from mtp_cli.config import GenConfig
+from mtp_cli.errors import ChatTemplateError, ConfigError
+from mtp_cli.policy import DraftPolicy
+from mtp_cli.stats import Generation
+
+Message = dict[str, Any]
+
+
+class Host(Protocol):
+    """What a session needs of a runtime (mtp_cli.runtime.Runtime)."""
+
+    file: GGUFFile
+
+    def special_texts(self) -> tuple[str, str]: ...
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        config: GenConfig,
+        *,
+        policy: Optional[DraftPolicy] = None,
+        reuse: bool = False,
+    ) -> Generation: ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt tokens, and the chat messages or text they stand for (None for token ids)."""
+
+    tokens: list[int]
+    messages: Optional[list[Message]] = None  # ending where the answer begins (or continues)
+    text: Optional[str] = None
+
+    def answered(self, answer: str) -> list[Message]:
+        """The conversation once `answer` is given: a trailing assistant message continued by it, else
+        a new assistant message."""
+        msgs = list(self.messages or [])
+        if msgs and msgs[-1].get("role") == "assistant":
+            return [*msgs[:-1], {**msgs[-1], "content": str(msgs[-1].get("content") or "") + answer}]
+        return [*msgs, {"role": "assistant", "content": answer}]
+
+
+@dataclass(frozen=True)
+class _Turn:
+    prompt: Prompt
+    gen: Generation
+
+
+class Session:
+    """The requests on one runtime, in order; `chat`/`text`/`ids` give the next prompt, `generate`
+    runs it keeping what the memory holds of it."""
+
+    def __init__(self, rt: Host):
+        self.rt = rt
+        self._last: Optional[_Turn] = None
+
+    def chat(self, messages: Sequence[Message]) -> Prompt:
+        msgs = [dict(m) for m in messages]
+        if not msgs:
+            raise ConfigError("`messages` is empty")
+        bos, eos = self.rt.special_texts()
+        t = self._last  # (the runtime keeps what its memory really holds of the tokens built from it)
+        if t is not None and t.prompt.messages is not None:
+            held = t.prompt.answered(t.gen.text)
+            if len(msgs) > len(held) and msgs[: len(held)] == held:
+                with contextlib.suppress(ChatTemplateError):  # (a template that drops answers: whole)
+                    more = continuation(self.rt.file, held, msgs[len(held) :], bos, eos)
+                    toks = self.rt.tokenize(more, add_special=False, parse_special=True)
+                    return Prompt(t.prompt.tokens + t.gen.tokens + toks, msgs)
+        text = render(self.rt.file, msgs, bos, eos)
+        return Prompt(self.rt.tokenize(text, add_special=True, parse_special=True), msgs)
+
+    def text(self, text: str) -> Prompt:
+        if not text:
+            raise ConfigError("`prompt` is empty")
+        t = self._last  # (the runtime keeps what its memory really holds of the tokens built from it)
+        if t is not None and t.prompt.text is not None:
+            done = t.prompt.text + t.gen.text
+            if len(text) > len(done) and text.startswith(done):
+                more = self.rt.tokenize(text[len(done) :], add_special=False)
+                return Prompt(t.prompt.tokens + t.gen.tokens + more, text=text)
+        return Prompt(self.rt.tokenize(text, add_special=True), text=text)
+
+    def ids(self, tokens: Sequence[int]) -> Prompt:
+        return Prompt([int(x) for x in tokens])
+
+    def generate(self, prompt: Prompt, cfg: GenConfig, policy: Optional[DraftPolicy] = None) -> Generation:
+        """Generate from `prompt`, keeping the longest prefix the memory already holds of it."""
+        self._last = None  # (until this generation ends, the memory is in flux)
+        gen = self.rt.generate(prompt.tokens, cfg, policy=policy, reuse=True)
+        self._last = _Turn(prompt, gen)
+        return gen
+
+
+__all__ = ["Session", "Prompt", "Message", "Host"]
