@@ -37,7 +37,7 @@ def logits(model, toks: list[int], n_threads: int, flash: bool | None) -> np.nda
         lx.decode(ctx, b)
         return lx.logits_rows(ctx, len(toks), lx.n_vocab(model)).copy()
     finally:
-        lx.free_context(ctx)
+        ctx.close()
 
 
 def perplexity(lg: np.ndarray, toks: list[int]) -> float:
@@ -81,8 +81,8 @@ def main() -> None:
             "adopted, flash attention on": logits(adopted, toks, args.threads, True),
             "adopted, flash attention off": logits(adopted, toks, args.threads, False),
         }
-        lx.free_model(orig)
-        lx.free_model(adopted)
+        orig.close()
+        adopted.close()
     names = list(runs)
     res = {"text": str(args.text), "tokens": len(toks), "perplexity": {k: perplexity(v, toks) for k, v in runs.items()}}
     res["original fa on vs off"] = compare(runs[names[0]], runs[names[1]])

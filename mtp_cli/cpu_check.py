@@ -271,15 +271,11 @@ def _child(setting: str, folder: Path) -> int:
     lx.quiet_logs()
     buffers.keep(kept_for(setting, buffers.offered()))
     for path in sorted(folder.glob("probe-*.gguf")):
-        model = lx.load_model(path)
-        ctx = lx.create_context(model, n_ctx=64, n_batch=8, n_threads=2)
-        try:
+        with lx.load_model(path) as model:
+            ctx = lx.create_context(model, n_ctx=64, n_batch=8, n_threads=2)
             batch = lx.Batch(8)
             batch.add_many([1, 40, 41, 42], 0, logits_last=True)  # more than one row: AMX's tile path
             lx.decode(ctx, batch)
-        finally:
-            lx.free_context(ctx)
-            lx.free_model(model)
     return 0
 
 

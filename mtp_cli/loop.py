@@ -42,10 +42,10 @@ from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 
 _now = time.perf_counter
 
-VerifySampled = Callable[[TokenSampler, lx.ContextPtr, np.ndarray, Sequence[int]], tuple[int, int]]
+VerifySampled = Callable[[TokenSampler, lx.Context, np.ndarray, Sequence[int]], tuple[int, int]]
 
 
-def decode_prompt(tgt: lx.ContextPtr, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
+def decode_prompt(tgt: lx.Context, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
     """Decode prompt[keep:] into the target in n_batch chunks, logits on the last row; the drafter
     follows each chunk (on_prefill). The loop's prefill, and the cost probe's."""
     toks = np.asarray(prompt, dtype=np.int32)
@@ -63,8 +63,8 @@ class VerifyLoop:
 
     def __init__(
         self,
-        model: lx.ModelPtr,
-        tgt: lx.ContextPtr,
+        model: lx.Model,
+        tgt: lx.Context,
         drafter: Drafter,
         policy: DraftPolicy,
         cfg: GenConfig,

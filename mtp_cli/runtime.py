@@ -80,16 +80,16 @@ class Contexts:
     """The target context for one set of context settings, and one drafter per spec type on it."""
 
     key: ContextSettings
-    target: lx.ContextPtr
+    target: lx.Context
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
     held: Optional[Held] = None  # what the last generation left in the target's memory
 
     def close(self) -> None:
         for d in self.drafters.values():
-            d.close()  # an MTP context references the target (ctx_other): free it first
+            d.close()
         self.drafters.clear()
-        lx.free_context(self.target)
+        self.target.close()  # (a context still reading its memory is closed first)
 
 
 class Runtime:
@@ -118,7 +118,7 @@ class Runtime:
         self.draft_path = Path(draft_model) if draft_model else None
         self.spec = spec  # the drafter class it was loaded for
         self.n_gpu_layers, self.load_mode = n_gpu_layers, load_mode
-        self._owned: list[lx.ModelPtr] = []
+        self._owned: list[lx.Model] = []
         self._ctx: Optional[Contexts] = None
         self.stats: Optional[GenStats] = None
         self.file = open_model_file(self.model_path, "model")
@@ -158,7 +158,7 @@ class Runtime:
             quiet=quiet,
         )
 
-    def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.ModelPtr:
+    def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.Model:
         try:
             t0 = time.perf_counter()
             overrides, devices = self.placement.of(draft=role != "model")
@@ -191,7 +191,7 @@ class Runtime:
             raise MtpError("this runtime is closed")
 
     @property
-    def model(self) -> lx.ModelPtr:
+    def model(self) -> lx.Model:
         self._require_open()
         return self.models.target
 
@@ -236,7 +236,7 @@ class Runtime:
     def close(self) -> None:
         self.close_contexts()
         for m in reversed(self._owned):
-            lx.free_model(m)
+            m.close()
         self._owned.clear()
 
     def __enter__(self) -> Runtime:

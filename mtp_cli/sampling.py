@@ -27,28 +27,22 @@ class TokenSampler:
 
     def __init__(self, *, temp: float, top_k: int, top_p: float, min_p: float, seed: int):
         self.greedy = temp <= 0.0
-        self._chain: Optional[lx.SamplerPtr] = None
+        self._chain: Optional[lx.Sampler] = None
         if not self.greedy:
             self._chain = lx.sampler_chain(
                 top_k=top_k, top_p=top_p, min_p=min_p, temp=temp, seed=lx.DEFAULT_SEED if seed < 0 else seed
             )
 
-    def sample(self, ctx: lx.ContextPtr, i: int, row: np.ndarray) -> int:
+    def sample(self, ctx: lx.Context, i: int, row: np.ndarray) -> int:
         """Token for batch index `i`; `row` is that index's logits view (used when greedy)."""
-        if self.greedy:
+        if self._chain is None:
             return int(row.argmax())
         return lx.sampler_sample(self._chain, ctx, i)
 
     def close(self) -> None:
         if self._chain is not None:
-            lx.sampler_free(self._chain)
+            self._chain.close()
             self._chain = None
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class RowEdits:
@@ -93,9 +87,7 @@ def verify_greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
     return a, int(am[a])
 
 
-def verify_sampled(
-    sampler: TokenSampler, ctx: lx.ContextPtr, rows: np.ndarray, drafts: Sequence[int]
-) -> tuple[int, int]:
+def verify_sampled(sampler: TokenSampler, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
     """(n_accepted, next token): sample rows 0, 1, ... in order from the target's own
     distribution (one draw each) and keep a draft token only while it equals the sample. The
     emitted tokens are then distributed exactly as in plain sampling (deterministic drafter)."""

@@ -18,7 +18,7 @@ from mtp_cli.errors import LlamaError
 from mtp_cli.llama_ext import models
 
 
-def load_unchecked(path: str, mtp: bool) -> lx.ModelPtr:
+def load_unchecked(path: str, mtp: bool) -> lx.Model:
     """llama_model_load_from_file on the file as it is: none of mtp-cli's checks (the point)."""
     lx.init_backend()
     params = models._C.llama_model_default_params()
@@ -26,8 +26,7 @@ def load_unchecked(path: str, mtp: bool) -> lx.ModelPtr:
     model = models._C.llama_model_load_from_file(path.encode(), params)
     if not model:
         raise LlamaError("llama.cpp failed to load the model")
-    models._models[lx.addr(model)] = lx.ModelInfo(Path(path), mtp, lx.n_layer_nextn(model), False)
-    return model
+    return lx.Model(model, lx.ModelInfo(Path(path), mtp, int(models._C.llama_model_n_layer_nextn(model)), False))
 
 
 def main(path: str, mtp: bool) -> int:

@@ -70,8 +70,8 @@ def baseline_gaps(model_path: Path, prompt: list[int], generated: list[int]) -> 
         top2 = np.sort(rows, axis=1)[:, -2:]
         return top2[:, 1] - top2[:, 0]
     finally:
-        lx.free_context(ctx)
-        lx.free_model(m)
+        ctx.close()
+        m.close()
 
 
 def compare(ref: list[int], out: list[int], gaps: np.ndarray, what: str) -> int:

@@ -73,7 +73,5 @@ class Pair:
         return out
 
     def close(self) -> None:
-        lx.free_context(self.dft)
-        lx.free_context(self.tgt)
         for m in self.models:
-            lx.free_model(m)
+            m.close()  # (its contexts first, the MTP one before the target it reads)

@@ -85,7 +85,7 @@ class loaded:
 
     def __exit__(self, *exc):
         if self.own:
-            lx.free_model(self.model)
+            self.model.close()
 
 
 def teacher_forced(model, toks: list[int]) -> np.ndarray:
@@ -103,7 +103,7 @@ def _teacher_forced(m, toks: list[int]) -> np.ndarray:
         lx.decode(ctx, b)
         return np.stack([lx.logits_ith(ctx, i) for i in range(len(toks))])
     finally:
-        lx.free_context(ctx)
+        ctx.close()
 
 
 def greedy(model, prompts: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +140,7 @@ def _greedy(m, prompts: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray
                 last = [lx.logits_ith(ctx, s) for s in range(P)]
         return toks, gaps
     finally:
-        lx.free_context(ctx)
+        ctx.close()
 
 
 def compare_greedy(
@@ -683,8 +683,8 @@ def smol(tmp_path_factory):
     write_gguf(plan_adopt(gs), out)  # = ops.adopt(SMOLLM2, out)
     models = {"orig": lx.load_model(SMOLLM2), "adopted": lx.load_model(out), "path": out, "gguf": gs}
     yield models
-    lx.free_model(models["orig"])
-    lx.free_model(models["adopted"])
+    models["orig"].close()
+    models["adopted"].close()
 
 
 @pytest.mark.slow

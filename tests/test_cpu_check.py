@@ -180,8 +180,8 @@ def _load_and_decode(path: Path) -> None:
         b.add_many([1, 40, 41, 42], 0, logits_last=True)
         lx.decode(ctx, b)
     finally:
-        lx.free_context(ctx)
-        lx.free_model(model)
+        ctx.close()
+        model.close()
 
 
 def _placed(log: list[str], buft: str) -> bool:
@@ -291,7 +291,7 @@ def test_the_mla_rule_is_decided_per_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(buffers, "without", spy)
     for path in (write_mla_model(tmp_path / "mla.gguf"), write_probe_model(tmp_path / "llama.gguf", "q8_0")):
-        lx.free_model(lx.load_model(path))
+        lx.load_model(path).close()
     assert asked == ["AMX"]
 
 

@@ -140,7 +140,7 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
 
     def decode(ctx, batch):
         real_decode(ctx, batch)
-        last[lx.addr(ctx)] = (int(batch.pos[0]), batch.tokens[: batch.n_tokens].copy())
+        last[id(ctx)] = (int(batch.pos[0]), batch.tokens[: batch.n_tokens].copy())
 
     with Runtime(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
@@ -148,9 +148,9 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
         gaps = baseline_gaps(s["full"], prompt, ref)
 
         def rm(ctx, seq_id, p0, p1=-1):
-            if rt._ctx is None or lx.addr(ctx) != lx.addr(rt._ctx.target):
+            if rt._ctx is None or ctx is not rt._ctx.target:
                 return real_rm(ctx, seq_id, p0, p1)
-            first, toks = last[lx.addr(ctx)]
+            first, toks = last[id(ctx)]
             if not real_rm(ctx, seq_id, first, -1):  # the whole verify batch
                 return False
             b = lx.Batch(len(toks))
@@ -385,9 +385,9 @@ def _target_and_head(path: Path, seq: list[int]):
         lx.decode(tgt, b)
         yield m, dft, lx.get_embeddings_nextn(tgt, len(seq))
     finally:
-        lx.free_context(dft)
-        lx.free_context(tgt)
-        lx.free_model(m)
+        dft.close()
+        tgt.close()
+        m.close()
 
 
 def _head_logits(path: Path, seq: list[int]) -> np.ndarray:

@@ -141,6 +141,30 @@ def test_llama_cpp_only_behind_llama_ext_click_rich_in_the_cli_and_fastapi_in_se
                 assert under(m, ("mtp_cli.serve",)), (m, d)
 
 
+def test_llama_cpp_handles_stay_inside_llama_ext():
+    """Outside mtp_cli.llama_ext no module holds a raw llama.cpp pointer (it gets Model, Context and
+    Sampler handles: no ctypes, no pointer aliases, no `_as_parameter_`), and the layers above the
+    core import llama_ext's public package only (no submodule, no private name)."""
+    mods = project_modules()
+    for m, path in mods.items():
+        if not under(m, ("mtp_cli",)) or under(m, ("mtp_cli.llama_ext",)):
+            continue
+        deps = imports_of(path, m, mods)
+        assert not under_any(deps, ("ctypes",)), m
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            assert name != "_as_parameter_" and not name.endswith("Ptr"), (m, name)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "lx":
+                assert not node.attr.startswith("_"), (m, node.attr)
+        if under(m, ABOVE_CORE):
+            inner = {d for d in deps if under(d, ("mtp_cli.llama_ext",)) and d != "mtp_cli.llama_ext"}
+            assert not inner, (m, inner)
+
+
+def under_any(deps: set[str], prefixes: tuple[str, ...]) -> bool:
+    return any(under(d, prefixes) for d in deps)
+
+
 def code_files() -> list[Path]:
     """The project's own Python files (what git would take: not the ignored GPU-check build, say)."""
     listed = subprocess.run(

@@ -90,8 +90,8 @@ def _reference(model_path, prompt: list[int], n: int, *, penalty: float, last_n:
         return out
     finally:
         C.llama_sampler_free(chain)
-        lx.free_context(ctx)
-        lx.free_model(m)
+        ctx.close()
+        m.close()
 
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])

@@ -287,7 +287,7 @@ def test_recurrent_rollback_facts(models):
                     return None
             return lx.logits_rows(ctx, 1, lx.n_vocab(m))[0].copy()
         finally:
-            lx.free_context(ctx)
+            ctx.close()
 
     def seq(a: int, b: int) -> list:
         return [(toks[i], i) for i in range(a, b)]
@@ -314,7 +314,7 @@ def test_recurrent_rollback_facts(models):
         got = last_logits(3, [("dec", seq(0, 5)), ("dec", junk(5, 2)), ("rm", 5), ("dec", seq(5, 10))])
         assert got is not None and not np.allclose(got, ref, atol=1e-3)
     finally:
-        lx.free_model(m)
+        m.close()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

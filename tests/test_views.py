@@ -28,8 +28,8 @@ def test_logits_and_h_views_equal_the_bindings_rows(tiny_models):
                 np.testing.assert_array_equal(rows[i], lx.logits_ith(ctx, i))
             assert h.shape == (b.n_tokens, E) and np.isfinite(h).all() and h.any()
     finally:
-        lx.free_context(ctx)
-        lx.free_model(m)
+        ctx.close()
+        m.close()
 
 
 def test_a_view_is_made_once_per_address_and_length():

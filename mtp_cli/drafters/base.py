@@ -42,7 +42,7 @@ import numpy as np
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.errors import VocabMismatchError
+from mtp_cli.errors import MtpError, VocabMismatchError
 from mtp_cli.sampling import ConfidenceProbe
 
 # A drafter's decode reads one output row (the draft row; catch-up rows have none): its context
@@ -54,7 +54,7 @@ _now = time.perf_counter
 
 # (file, role, load_mtp) -> the loaded model, owned and freed by the runtime; failures are
 # ModelFileErrors that name the file's role
-Loader = Callable[[GGUFFile, str, bool], lx.ModelPtr]
+Loader = Callable[[GGUFFile, str, bool], lx.Model]
 
 
 @dataclass
@@ -62,17 +62,23 @@ class Models:
     """What a runtime loaded: the target, and the model its drafter drafts with (None: no model;
     the target itself for its own MTP head), with the files they came from."""
 
-    target: lx.ModelPtr
+    target: lx.Model
     target_file: GGUFFile
-    drafting: Optional[lx.ModelPtr] = None
+    drafting: Optional[lx.Model] = None
     draft_file: Optional[GGUFFile] = None  # the `draft_model` file (-md), when one was given
+
+    def drafter_model(self) -> lx.Model:
+        """The model the drafter drafts with (its class's load_draft set it)."""
+        if self.drafting is None:
+            raise MtpError("no model was loaded to draft with")
+        return self.drafting
 
 
 @dataclass(frozen=True)
 class ContextPlan:
     """Where a drafter lives: the target context it pairs with and the sizes to create its own with."""
 
-    target: lx.ContextPtr
+    target: lx.Context
     n_ctx: int
     n_batch: int
     n_threads: Optional[int]
@@ -153,7 +159,7 @@ class Drafter:
     def close(self) -> None:
         pass
 
-    def _decode(self, ctx: lx.ContextPtr, batch: lx.Batch) -> None:
+    def _decode(self, ctx: lx.Context, batch: lx.Batch) -> None:
         t = _now()
         lx.decode(ctx, batch)
         self.t_decode += _now() - t
@@ -166,9 +172,7 @@ class DraftRows:
     how many draft rows past it the context holds) and the confidence pick over the target's
     vocabulary (--spec-draft-p-min)."""
 
-    def __init__(
-        self, ctx: lx.ContextPtr, n_vocab: int, n_vocab_target: int, flush: Callable[[], None], n_embd: int = 0
-    ):
+    def __init__(self, ctx: lx.Context, n_vocab: int, n_vocab_target: int, flush: Callable[[], None], n_embd: int = 0):
         self.ctx = ctx
         self.batch = lx.Batch(lx.n_batch(ctx), n_embd)
         self.n_vocab, self.n_vocab_target = int(n_vocab), int(n_vocab_target)
@@ -208,7 +212,7 @@ class HeadProbe:
 
     def __init__(
         self,
-        ctx: lx.ContextPtr,
+        ctx: lx.Context,
         n_embd: int,
         pending_h: np.ndarray,
         all_outputs: bool,
@@ -237,7 +241,7 @@ class HeadProbe:
             lx.memory_seq_rm(self.ctx, 0, pos, -1)
 
 
-def check_same_vocab(target: lx.ModelPtr, draft: lx.ModelPtr, target_file: GGUFFile, draft_file: GGUFFile) -> None:
+def check_same_vocab(target: lx.Model, draft: lx.Model, target_file: GGUFFile, draft_file: GGUFFile) -> None:
     """The rule llama.cpp applies to draft models (common_speculative_are_compatible): same
     vocabulary type and special tokens, sizes within 128 (padding), identical shared entries."""
     what = f"{draft_file.path.name} has another vocabulary than {target_file.path.name}"

@@ -32,7 +32,7 @@ class ModelDrafter(Drafter):
 
     def __init__(
         self,
-        model: lx.ModelPtr,
+        model: lx.Model,
         *,
         n_ctx: int,
         n_batch: int,
@@ -73,7 +73,7 @@ class ModelDrafter(Drafter):
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> ModelDrafter:
         return cls(
-            models.drafting,
+            models.drafter_model(),
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
             n_threads=plan.n_threads,
@@ -131,5 +131,4 @@ class ModelDrafter(Drafter):
             self.rows.enqueue(list(drafts[keep:n_accepted]), pos + 1 + keep)
 
     def close(self) -> None:
-        lx.free_context(self.ctx)
-        self.ctx = None
+        self.ctx.close()

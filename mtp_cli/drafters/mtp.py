@@ -62,8 +62,8 @@ class MtpDrafter(Drafter):
 
     def __init__(
         self,
-        head_model: lx.ModelPtr,
-        target_ctx: lx.ContextPtr,
+        head_model: lx.Model,
+        target_ctx: lx.Context,
         *,
         n_ctx: int,
         n_batch: int,
@@ -97,7 +97,7 @@ class MtpDrafter(Drafter):
         try:
             self._check_context()
         except LlamaError:
-            lx.free_context(self.ctx)
+            self.ctx.close()
             raise
 
     def _check_context(self) -> None:
@@ -105,8 +105,7 @@ class MtpDrafter(Drafter):
             raise LlamaError(f"an MTP context of {lx.n_batch(self.ctx)}-row batches reading the target's memory")
 
     def _shares_target(self) -> bool:
-        other = lx.get_ctx_other(self.ctx)
-        return other is not None and lx.addr(other) == lx.addr(self.tgt)
+        return lx.reads_memory_of(self.ctx, self.tgt)
 
     # -- the spec ----------------------------------------------------------------------------------
 
@@ -148,11 +147,12 @@ class MtpDrafter(Drafter):
     def create(cls, models: Models, plan: ContextPlan) -> MtpDrafter:
         """The drafter of this head's kind."""
         shared = models.draft_file is not None and models.draft_file.arch in ASSISTANT_ARCHS
+        head = models.drafter_model()
         kind: type[MtpDrafter] = (
-            SharedAssistant if shared else ChainedHeads if lx.n_layer_nextn(models.drafting) > 1 else OwnKvHead
+            SharedAssistant if shared else ChainedHeads if lx.n_layer_nextn(head) > 1 else OwnKvHead
         )
         return kind(
-            models.drafting,
+            head,
             plan.target,
             n_ctx=plan.n_ctx,
             n_batch=SHARED_N_BATCH if shared else plan.n_batch,
@@ -239,8 +239,7 @@ class MtpDrafter(Drafter):
             self.rows.enqueue(list(drafts[:n_accepted]), pos + 1, h[:n_accepted], spare=1)
 
     def close(self) -> None:
-        lx.free_context(self.ctx)
-        self.ctx = None
+        self.ctx.close()
 
     def cost_probe(self, n_rows: int) -> HeadProbe:
         """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""

@@ -5,9 +5,9 @@ unstable `llama_cpp.llama_cpp_ext` (nextn embeddings, nextn layer offset, ctx_ot
 
 MTP call sequence (what llama.cpp's common_speculative_impl_draft_mtp does):
 
-    tgt_model = load_model(path, load_mtp=True)              # full model: trunk + head
+    tgt_model = load_model(path, load_mtp=True)              # a Model: trunk + head (close() frees)
     tgt = create_context(tgt_model, n_rs_seq=N)               # N >= draft length for hybrid archs
-    dft = create_context(tgt_model, ctx_type=CTX_TYPE_MTP, ctx_other=tgt, n_rs_seq=0)
+    dft = create_context(tgt_model, ctx_type=CTX_TYPE_MTP, ctx_other=tgt, n_rs_seq=0)  # tgt.close() closes it first
     #  (or a separate MTP-only sidecar: dft_model = load_model(sidecar, load_mtp=True);
     #   create_context(dft_model, ctx_type=CTX_TYPE_MTP, ...); the target model then needs no heads)
     set_embeddings_nextn(tgt, True, False)    # target: one h row per batch token
@@ -29,23 +29,16 @@ from mtp_cli.llama_ext.decode import (
     memory_seq_rm,
 )
 from mtp_cli.llama_ext.devices import Device, devices
+from mtp_cli.llama_ext.handles import Context, Model, ModelInfo, Sampler
 from mtp_cli.llama_ext.models import (
     CTX_TYPE_MTP,
     CTX_TYPE_TARGET,
-    ContextPtr,
     KvOptions,
-    ModelInfo,
-    ModelPtr,
-    addr,
-    context_model,
     create_context,
     default_threads,
-    free_context,
-    free_model,
     init_backend,
     load_model,
     model_has_recurrent_state,
-    model_info,
     model_n_ctx_train,
     n_batch,
     n_ctx,
@@ -58,22 +51,20 @@ from mtp_cli.llama_ext.models import (
     system_info,
 )
 from mtp_cli.llama_ext.staging import (
-    get_ctx_other,
     get_embeddings_nextn,
     get_embeddings_nextn_ith,
+    reads_memory_of,
     set_embeddings_nextn,
     set_nextn_layer_offset,
 )
 from mtp_cli.llama_ext.vocab import (
     DEFAULT_SEED,
     PieceDecoder,
-    SamplerPtr,
     detokenize,
     eog_checker,
     eog_tokens,
     is_eog,
     sampler_chain,
-    sampler_free,
     sampler_sample,
     token_text,
     tokenize,
@@ -82,6 +73,10 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "Model",
+    "Context",
+    "Sampler",
+    "ModelInfo",
     "Device",
     "devices",
     "LlamaError",
@@ -95,20 +90,12 @@ __all__ = [
     "memory_seq_rm",
     "CTX_TYPE_MTP",
     "CTX_TYPE_TARGET",
-    "ContextPtr",
-    "ModelInfo",
-    "ModelPtr",
-    "addr",
-    "context_model",
     "create_context",
     "KvOptions",
     "default_threads",
-    "free_context",
-    "free_model",
     "init_backend",
     "load_model",
     "model_has_recurrent_state",
-    "model_info",
     "model_n_ctx_train",
     "n_batch",
     "n_ctx",
@@ -119,20 +106,18 @@ __all__ = [
     "quiet_logs",
     "supports_gpu_offload",
     "system_info",
-    "get_ctx_other",
     "get_embeddings_nextn",
+    "reads_memory_of",
     "get_embeddings_nextn_ith",
     "set_embeddings_nextn",
     "set_nextn_layer_offset",
     "DEFAULT_SEED",
     "PieceDecoder",
-    "SamplerPtr",
     "detokenize",
     "eog_checker",
     "eog_tokens",
     "is_eog",
     "sampler_chain",
-    "sampler_free",
     "sampler_sample",
     "token_text",
     "tokenize",

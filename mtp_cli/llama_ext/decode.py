@@ -9,7 +9,8 @@ import numpy as np
 from llama_cpp import llama_cpp as _C
 
 from mtp_cli.errors import LlamaError
-from mtp_cli.llama_ext.models import ContextPtr, context_model, n_vocab
+from mtp_cli.llama_ext.handles import Context
+from mtp_cli.llama_ext.models import n_vocab
 from mtp_cli.llama_ext.views import address_getter, float_view
 
 logits_address = address_getter(_C.llama_get_logits)
@@ -101,7 +102,7 @@ class Batch:
         return b
 
 
-def decode(ctx: ContextPtr, batch: Batch) -> None:
+def decode(ctx: Context, batch: Batch) -> None:
     """llama_decode, waited for (llama_synchronize: a GPU backend returns before its work and the
     copies of its outputs are done, and the first read of the logits would wait instead, so a
     decode's time would be counted as the caller's); raises LlamaError on a non-zero return."""
@@ -116,16 +117,16 @@ def decode(ctx: ContextPtr, batch: Batch) -> None:
     _C.llama_synchronize(ctx)
 
 
-def logits_ith(ctx: ContextPtr, i: int, *, copy: bool = True) -> np.ndarray:
+def logits_ith(ctx: Context, i: int, *, copy: bool = True) -> np.ndarray:
     """Logits of batch index `i` (which must have been marked for output), shape (n_vocab,)."""
     ptr = _C.llama_get_logits_ith(ctx, int(i))
     if not ptr:
         raise LlamaError(f"no logits for batch index {i}")
-    arr = np.ctypeslib.as_array(ptr, shape=(n_vocab(context_model(ctx)),))
+    arr = np.ctypeslib.as_array(ptr, shape=(n_vocab(ctx.model),))
     return arr.copy() if copy else arr
 
 
-def logits_rows(ctx: ContextPtr, n_rows: int, n_vocab_: int) -> np.ndarray:
+def logits_rows(ctx: Context, n_rows: int, n_vocab_: int) -> np.ndarray:
     """A (n_rows, n_vocab) float32 VIEW of the last decode's logits, in output order (row i is
     batch index i when every batch token was marked for output). Valid until the next decode;
     cheaper than logits_ith when the caller already knows n_vocab."""
@@ -135,13 +136,13 @@ def logits_rows(ctx: ContextPtr, n_rows: int, n_vocab_: int) -> np.ndarray:
     return float_view(address, int(n_rows) * int(n_vocab_)).reshape(int(n_rows), int(n_vocab_))
 
 
-def memory_seq_rm(ctx: ContextPtr, seq_id: int, p0: int, p1: int = -1) -> bool:
+def memory_seq_rm(ctx: Context, seq_id: int, p0: int, p1: int = -1) -> bool:
     """Remove cells [p0, p1) of a sequence (p1=-1: to the end); False if llama.cpp refuses
     (a recurrent state that cannot roll back that far)."""
     return bool(_C.llama_memory_seq_rm(_C.llama_get_memory(ctx), int(seq_id), int(p0), int(p1)))
 
 
-def memory_clear(ctx: ContextPtr, data: bool = True) -> None:
+def memory_clear(ctx: Context, data: bool = True) -> None:
     """Drop every sequence (KV cells and recurrent states). Note: llama_memory_seq_rm with
     seq_id=-1 is refused by recurrent/hybrid memory (qwen35); use this or a concrete seq id.
     data=False only marks the cells free (no zeroing of the buffers: cheaper)."""
@@ -155,7 +156,7 @@ class SeqCheckpoint:
     """A reusable buffer holding one sequence's state. With partial=True (the default) only the
     recurrent part of a hybrid memory is saved: the attention KV rolls back with memory_seq_rm."""
 
-    def __init__(self, ctx: ContextPtr, seq_id: int = 0, *, partial: bool = True):
+    def __init__(self, ctx: Context, seq_id: int = 0, *, partial: bool = True):
         self.ctx = ctx
         self.seq_id = int(seq_id)
         self.flags = STATE_PARTIAL_ONLY if partial else 0

@@ -21,37 +21,13 @@ from gguf_tools.loadable import require_loadable
 from mtp_cli.errors import LlamaError
 from mtp_cli.llama_ext import buffers
 from mtp_cli.llama_ext.devices import device_list, override_list
+from mtp_cli.llama_ext.handles import Context, Model, ModelInfo
 
 CTX_TYPE_TARGET: int = int(_C.LLAMA_CONTEXT_TYPE_DEFAULT)
 CTX_TYPE_MTP: int = int(_C.LLAMA_CONTEXT_TYPE_MTP)
 
-ModelPtr = Any  # llama_cpp.llama_model_p (a ctypes void pointer)
-ContextPtr = Any  # llama_cpp.llama_context_p
-
 _HAS_N_RS_SEQ = any(f[0] == "n_rs_seq" for f in _C.llama_context_params._fields_)
 _HAS_N_OUTPUTS_MAX = any(f[0] == "n_outputs_max" for f in _C.llama_context_params._fields_)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What llama.cpp cannot tell us about a loaded model but we must know to avoid its aborts."""
-
-    path: Path
-    load_mtp: bool
-    n_nextn: int  # {arch}.nextn_predict_layers
-    mtp_only: bool  # an MTP-only sidecar: heads (+ shared embeddings/norm/output), no trunk
-
-
-_models: dict[int, ModelInfo] = {}
-
-
-def model_info(model: ModelPtr) -> Optional[ModelInfo]:
-    """The ModelInfo recorded by load_model (None for a model loaded elsewhere)."""
-    return _models.get(addr(model))
-
-
-def addr(ptr: Any) -> int:
-    return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
 
 
 _backend_ready = False
@@ -91,7 +67,7 @@ def load_model(
     load_mode: str = "auto",
     overrides: Sequence[tuple[str, str]] = (),
     devices: Optional[Sequence[str]] = None,
-) -> ModelPtr:
+) -> Model:
     """Load a GGUF (a path, or the GGUFFile the caller already opened: its header is not read again).
     `load_mtp=True` also loads the MTP head blocks (needed for an MTP context, and for an MTP-only
     sidecar, whose heads are all it has). `load_mode`: llama.cpp's -lm (config.LOAD_MODES);
@@ -122,8 +98,7 @@ def load_model(
         model = _C.llama_model_load_from_file(str(p).encode("utf-8"), params)
     if not model:
         raise LlamaError(f"{p}: llama.cpp failed to load the model")
-    _models[addr(model)] = ModelInfo(p, bool(load_mtp), gf.layout().nextn_layers, gf.is_mtp_sidecar)
-    return model
+    return Model(model, ModelInfo(p, bool(load_mtp), gf.layout().nextn_layers, gf.is_mtp_sidecar))
 
 
 def _opened(path: Path) -> GGUFFile:
@@ -132,14 +107,8 @@ def _opened(path: Path) -> GGUFFile:
     return open_gguf(path)  # bounds-checked before llama.cpp sees it
 
 
-def free_model(model: ModelPtr) -> None:
-    if model:
-        _models.pop(addr(model), None)
-        _C.llama_model_free(model)
-
-
 def create_context(
-    model: ModelPtr,
+    model: Model,
     *,
     n_ctx: int = 512,
     n_batch: int = 512,
@@ -147,27 +116,27 @@ def create_context(
     n_threads: Optional[int] = None,
     n_threads_batch: Optional[int] = None,
     ctx_type: int = CTX_TYPE_TARGET,
-    ctx_other: Optional[ContextPtr] = None,
+    ctx_other: Optional[Context] = None,
     n_rs_seq: int = 0,
     n_seq_max: int = 1,
     n_outputs_max: int = 0,
     embeddings: bool = False,
     kv: Optional[KvOptions] = None,
-) -> ContextPtr:
-    """Create a context. For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
+) -> Context:
+    """Create a context (close it, or its model, to free it). For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
     ctx_other=<target context> (llama.cpp keeps ctx_other only for archs that share the
     target's memory, e.g. gemma4-assistant; for qwen35/glm4moe the MTP context has its own KV).
     `n_rs_seq` = recurrent-state snapshots per sequence for rollback (target of a hybrid arch
     such as qwen35: >= the draft length; 0 for the MTP context). Raises LlamaError on NULL."""
     init_backend()
-    info = model_info(model)
+    info = model.info
     if ctx_type == CTX_TYPE_MTP:
         if n_layer_nextn(model) == 0:
             raise LlamaError("an MTP context needs a model with MTP head blocks (nextn_predict_layers > 0)")
-        if info is not None and not info.load_mtp:
+        if not info.load_mtp:
             # llama.cpp would GGML_ASSERT (abort the process) on the missing nextn tensors
             raise LlamaError(f"{info.path}: loaded without load_mtp=True; cannot create an MTP context")
-    elif info is not None and info.mtp_only:
+    elif info.mtp_only:
         # llama.cpp would segfault building the trunk graph of a model with no trunk
         raise LlamaError(f"{info.path}: an MTP-only sidecar runs only in an MTP context (ctx_type=CTX_TYPE_MTP)")
     params = _C.llama_context_default_params()
@@ -189,7 +158,7 @@ def create_context(
     if _HAS_N_OUTPUTS_MAX and n_outputs_max:
         params.n_outputs_max = int(n_outputs_max)
     if ctx_other is not None:
-        params.ctx_other = ctx_other
+        params.ctx_other = ctx_other._as_parameter_
     ctx = _C.llama_init_from_model(model, params)
     if not ctx:
         kind = "MTP" if ctx_type == CTX_TYPE_MTP else "target"
@@ -197,7 +166,7 @@ def create_context(
             f"llama.cpp failed to create the {kind} context"
             + (" (model has no MTP layers, or was loaded without load_mtp)" if kind == "MTP" else "")
         )
-    return ctx
+    return Context(ctx, model, ctx_other)
 
 
 @dataclass(frozen=True)
@@ -222,49 +191,40 @@ def _set_kv(params: Any, kv: KvOptions) -> None:
         params.flash_attn_type = _C.LLAMA_FLASH_ATTN_TYPE_ENABLED if on else _C.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
-def free_context(ctx: ContextPtr) -> None:
-    if ctx:
-        _C.llama_free(ctx)
-
-
-def context_model(ctx: ContextPtr) -> ModelPtr:
-    return _C.llama_get_model(ctx)
-
-
-def n_embd_out(model: ModelPtr) -> int:
+def n_embd_out(model: Model) -> int:
     """Width of an h (nextn) row: n_embd_out, falling back to n_embd."""
     n = int(_C.llama_model_n_embd_out(model))
     return n if n > 0 else int(_C.llama_model_n_embd(model))
 
 
-def n_layer_nextn(model: ModelPtr) -> int:
+def n_layer_nextn(model: Model) -> int:
     return int(_C.llama_model_n_layer_nextn(model))
 
 
-def n_vocab(model: ModelPtr) -> int:
+def n_vocab(model: Model) -> int:
     return int(_C.llama_vocab_n_tokens(_C.llama_model_get_vocab(model)))
 
 
-def n_rs_seq(ctx: ContextPtr) -> int:
+def n_rs_seq(ctx: Context) -> int:
     return int(_C.llama_n_rs_seq(ctx)) if hasattr(_C, "llama_n_rs_seq") else 0
 
 
-def n_ctx(ctx: ContextPtr) -> int:
+def n_ctx(ctx: Context) -> int:
     """The context's actual size in tokens (llama.cpp may round the requested n_ctx)."""
     return int(_C.llama_n_ctx(ctx))
 
 
-def n_batch(ctx: ContextPtr) -> int:
+def n_batch(ctx: Context) -> int:
     return int(_C.llama_n_batch(ctx))
 
 
-def model_has_recurrent_state(model: ModelPtr) -> bool:
+def model_has_recurrent_state(model: Model) -> bool:
     """True for recurrent (Mamba/RWKV) and hybrid (qwen35 gated delta net) models: their state
     rolls back only through n_rs_seq snapshots or a saved state, not by dropping KV cells."""
     return bool(_C.llama_model_is_recurrent(model)) or bool(_C.llama_model_is_hybrid(model))
 
 
-def model_n_ctx_train(model: ModelPtr) -> int:
+def model_n_ctx_train(model: Model) -> int:
     return int(_C.llama_model_n_ctx_train(model))
 
 

@@ -4,41 +4,40 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
 
 from llama_cpp import llama_cpp as _C
 
 from mtp_cli.errors import LlamaError
-from mtp_cli.llama_ext.models import ContextPtr, ModelPtr
+from mtp_cli.llama_ext.handles import Context, Model, Sampler
 
 
-def is_eog(model: ModelPtr, token: int) -> bool:
+def is_eog(model: Model, token: int) -> bool:
     return bool(_C.llama_vocab_is_eog(_C.llama_model_get_vocab(model), int(token)))
 
 
-def eog_checker(model: ModelPtr) -> Callable[[int], bool]:
+def eog_checker(model: Model) -> Callable[[int], bool]:
     """is_eog for one model, its vocabulary looked up once (one C call per token instead of two)."""
     vocab, check = _C.llama_model_get_vocab(model), _C.llama_vocab_is_eog
     return lambda token: bool(check(vocab, token))
 
 
-def eog_tokens(model: ModelPtr) -> list[int]:
+def eog_tokens(model: Model) -> list[int]:
     """Every end-of-generation token of the model's vocabulary (~10 ms for 50k tokens: computed when asked)."""
     vocab = _C.llama_model_get_vocab(model)
     return [t for t in range(_C.llama_vocab_n_tokens(vocab)) if _C.llama_vocab_is_eog(vocab, t)]
 
 
-def vocab_type(model: ModelPtr) -> int:
+def vocab_type(model: Model) -> int:
     return int(_C.llama_vocab_type(_C.llama_model_get_vocab(model)))
 
 
-def vocab_special(model: ModelPtr) -> tuple[int, int]:
+def vocab_special(model: Model) -> tuple[int, int]:
     """(bos, eos) token ids (-1 when the vocabulary has none)."""
     v = _C.llama_model_get_vocab(model)
     return int(_C.llama_vocab_bos(v)), int(_C.llama_vocab_eos(v))
 
 
-def token_text(model: ModelPtr, token: int) -> bytes:
+def token_text(model: Model, token: int) -> bytes:
     """The vocabulary entry of `token` as stored (e.g. SentencePiece '\u2581the'), raw bytes."""
     return _C.llama_vocab_get_text(_C.llama_model_get_vocab(model), int(token)) or b""
 
@@ -47,7 +46,7 @@ class PieceDecoder:
     """token id -> its piece as bytes (llama_token_to_piece, special tokens not rendered), with a
     reusable buffer; pair with codecs' incremental UTF-8 decoder to stream text."""
 
-    def __init__(self, model: ModelPtr, *, render_special: bool = False):
+    def __init__(self, model: Model, *, render_special: bool = False):
         self.vocab = _C.llama_model_get_vocab(model)
         self.special = bool(render_special)
         self.buf = ctypes.create_string_buffer(64)
@@ -62,13 +61,12 @@ class PieceDecoder:
 
 # ---------------------------------------------------------------------------------------------
 
-SamplerPtr = Any
 DEFAULT_SEED: int = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 
-def sampler_chain(*, top_k: int, top_p: float, min_p: float, temp: float, seed: int) -> SamplerPtr:
+def sampler_chain(*, top_k: int, top_p: float, min_p: float, temp: float, seed: int) -> Sampler:
     """top_k -> top_p -> min_p -> temp -> dist(seed), llama.cpp's default order for these
-    samplers (common_sampler). Free with sampler_free."""
+    samplers (common_sampler)."""
     params = _C.llama_sampler_chain_default_params()
     params.no_perf = True
     chain = _C.llama_sampler_chain_init(params)
@@ -82,20 +80,15 @@ def sampler_chain(*, top_k: int, top_p: float, min_p: float, temp: float, seed: 
         _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_min_p(float(min_p), 1))
     _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_temp(float(temp)))
     _C.llama_sampler_chain_add(chain, _C.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
-    return chain
+    return Sampler(chain)
 
 
-def sampler_sample(smpl: SamplerPtr, ctx: ContextPtr, i: int) -> int:
+def sampler_sample(smpl: Sampler, ctx: Context, i: int) -> int:
     """Sample from the logits of batch index `i` (and let the chain accept the token)."""
     return int(_C.llama_sampler_sample(smpl, ctx, int(i)))
 
 
-def sampler_free(smpl: SamplerPtr) -> None:
-    if smpl:
-        _C.llama_sampler_free(smpl)
-
-
-def tokenize(model: ModelPtr, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+def tokenize(model: Model, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
     vocab = _C.llama_model_get_vocab(model)
     data = text.encode("utf-8")
     cap = len(data) + 8
@@ -110,9 +103,7 @@ def tokenize(model: ModelPtr, text: str, *, add_special: bool = True, parse_spec
     return list(buf[:n])
 
 
-def detokenize(
-    model: ModelPtr, tokens: list[int], *, remove_special: bool = True, unparse_special: bool = False
-) -> str:
+def detokenize(model: Model, tokens: list[int], *, remove_special: bool = True, unparse_special: bool = False) -> str:
     vocab = _C.llama_model_get_vocab(model)
     arr = (_C.llama_token * max(1, len(tokens)))(*tokens)
     cap = 16 * len(tokens) + 16

@@ -36,7 +36,7 @@ _now = time.perf_counter
 class _Probe:
     """One measurement: a target context holding the prompt, the head's probe, the samples so far."""
 
-    def __init__(self, rt: Runtime, d: MtpDrafter, tgt: lx.ContextPtr, prompt: list[int], n_max: int, reps: int):
+    def __init__(self, rt: Runtime, d: MtpDrafter, tgt: lx.Context, prompt: list[int], n_max: int, reps: int):
         self.rt, self.tgt, self.n_max, self.reps = rt, tgt, n_max, reps
         self.toks = [prompt[i % len(prompt)] for i in range(n_max + 1)]
         self.b = lx.Batch(max(lx.n_batch(tgt), n_max + 1))

@@ -19,7 +19,7 @@ from mtp_cli.train.data import topk_logprobs
 
 
 def decode_rows(
-    ctx: lx.ContextPtr, batch: lx.Batch, n_rows: int, n_embd: int, n_vocab: int, top_k: int
+    ctx: lx.Context, batch: lx.Batch, n_rows: int, n_embd: int, n_vocab: int, top_k: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decode a batch whose every row has logits: (h rows, top-k ids, top-k log-probs), batch order."""
     lx.decode(ctx, batch)
@@ -34,7 +34,7 @@ class BatchedAnswerer:
 
     def __init__(
         self,
-        model: lx.ModelPtr,
+        model: lx.Model,
         *,
         max_len: int,
         top_k: int,
@@ -163,8 +163,7 @@ class BatchedAnswerer:
         )
 
     def close(self) -> None:
-        lx.free_context(self.ctx)
-        self.ctx = None
+        self.ctx.close()
 
 
 def run_answerers(

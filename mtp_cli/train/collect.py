@@ -45,7 +45,7 @@ class CollectProgress:
 class TrunkTeacher:
     """The frozen trunk in a llama.cpp context: teacher-forced passes return h rows and top-k."""
 
-    def __init__(self, model: lx.ModelPtr, *, max_len: int, top_k: int, n_threads: int | None):
+    def __init__(self, model: lx.Model, *, max_len: int, top_k: int, n_threads: int | None):
         self.model = model
         self.max_len, self.top_k = max_len, top_k
         self.ctx = lx.create_context(model, n_ctx=max_len, n_batch=max_len, n_threads=n_threads)
@@ -72,11 +72,10 @@ class TrunkTeacher:
         return h, ids, lps
 
     def close(self) -> None:
-        lx.free_context(self.ctx)
-        self.ctx = None
+        self.ctx.close()
 
 
-def text_windows(model: lx.ModelPtr, docs: Iterable[str], max_len: int) -> Iterable[tuple[str, list[int]]]:
+def text_windows(model: lx.Model, docs: Iterable[str], max_len: int) -> Iterable[tuple[str, list[int]]]:
     """(source key, tokens) windows of at most max_len tokens (at least 16) over each document."""
     for doc in docs:
         toks = lx.tokenize(model, doc, add_special=True)
