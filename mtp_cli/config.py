@@ -1,9 +1,9 @@
 """GenConfig: everything one generation needs. Defaults follow llama.cpp's where it has one.
 
 The spec type is checked, and its aliases resolved, by the drafter registry (mtp_cli.drafters),
-which also checks the settings only one drafter reads; `validated` checks the rest. The draft
-length is a number here: "auto" and "adaptive" are resolved above the runtime (mtp_cli.speed.auto)
-into a number and a DraftPolicy.
+which also checks the settings only one drafter reads; `validated` checks the rest. How the draft
+length is chosen is `draft_mode`: "fixed" (draft_n_max), or "auto" / "adaptive", which are resolved
+above the runtime (mtp_cli.speed.auto) into a number and a DraftPolicy.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ DRAFT_N_MAX_LIMIT = 32  # the most tokens one step may draft
 # llama.cpp's -ctk / -ctv names (common/arg.cpp kv_cache_types) and -lm modes (its --load-mode)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
+# how N is chosen: draft_n_max; the tuned profile (else adaptive); per step from measured acceptance
+DRAFT_MODES = ("fixed", "auto", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class GenConfig:
     spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)
     draft_model: Optional[str] = None  # draft GGUF or MTP sidecar; read by Runtime.load only
     draft_n_max: int = 3  # most tokens drafted per step
+    draft_mode: str = "fixed"  # how N is chosen (DRAFT_MODES); auto/adaptive: resolved by mtp_cli.speed.auto
     draft_n_min: int = 0  # drafts shorter than this are discarded
     draft_p_min: float = 0.0  # stop drafting below this top probability
     ngram_min: int = 2  # prompt lookup: shortest n-gram to match
@@ -126,9 +129,11 @@ class GenConfig:
         _at_least(self.repeat_last_n, 0, "repeat_last_n")
         if not isinstance(self.draft_n_max, int) or isinstance(self.draft_n_max, bool):
             raise ConfigError(
-                f"`draft_n_max` must be a number (auto and adaptive are resolved by "
+                f"`draft_n_max` must be a number (auto and adaptive are a `draft_mode`, resolved by "
                 f"mtp_cli.speed.auto), got {self.draft_n_max!r}"
             )
+        if self.draft_mode not in DRAFT_MODES:
+            raise ConfigError(f"`draft_mode` must be one of {', '.join(DRAFT_MODES)}, got {self.draft_mode!r}")
         if self.spec_type != "none":
             if not 1 <= self.draft_n_max <= DRAFT_N_MAX_LIMIT:
                 raise ConfigError(f"`draft_n_max` must be in 1..{DRAFT_N_MAX_LIMIT}, got {self.draft_n_max!r}")
@@ -161,6 +166,7 @@ __all__ = [
     "parse_devices",
     "parse_overrides",
     "DRAFT_N_MAX_LIMIT",
+    "DRAFT_MODES",
     "KV_CACHE_TYPES",
     "LOAD_MODES",
 ]

@@ -222,9 +222,10 @@ class Runtime:
         m = self.models.drafting if self._owned and self.spec.target_h else None
         return lx.n_layer_nextn(m) if m is not None else 0
 
-    def can_run(self, spec_type: str) -> bool:
-        """True if `spec_type` needs nothing loaded, or is the spec type this runtime loaded for."""
-        cls = drafters.get(spec_type)
+    def can_run(self, spec: str | type[Drafter]) -> bool:
+        """True if the spec type (a name or its drafter class) needs nothing loaded, or is the one
+        this runtime loaded for."""
+        cls = drafters.get(spec) if isinstance(spec, str) else spec
         return cls is self.spec or not cls.drafts_with_model
 
     def close_contexts(self) -> None:
@@ -247,10 +248,11 @@ class Runtime:
 
     # -- contexts ------------------------------------------------------------------------------
 
-    def contexts(self, cfg: GenConfig) -> tuple[Contexts, Drafter]:
+    def contexts(self, cfg: GenConfig, cls: Optional[type[Drafter]] = None) -> tuple[Contexts, Drafter]:
         """The target context for cfg's settings (re-created when they change) and the drafter for
-        cfg.spec_type on it (created once per target context), configured for cfg."""
-        cls = drafters.get(cfg.spec_type)
+        cfg.spec_type (`cls`, when the caller looked it up) on it (created once per target
+        context), configured for cfg."""
+        cls = cls or drafters.get(cfg.spec_type)
         key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.name != "none")
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
@@ -305,21 +307,26 @@ class Runtime:
         shares with what the last generation left in memory is kept, only the rest decoded
         (stats.n_cached says how many; mtp_cli.memory)."""
         self._require_open()
-        cfg = drafters.validated(config)
-        if cfg.spec_type == "none":
+        cls, cfg = drafters.checked(config)
+        if cls.name == "none":
             policy = None  # (plain decoding drafts nothing: a policy would learn from it wrongly)
         elif policy is not None:
             cfg = replace(cfg, draft_n_max=policy.n_max).validated()
-        if not self.can_run(cfg.spec_type):
+        elif cfg.draft_mode != "fixed":
             raise ConfigError(
-                f"this runtime was loaded without what spec type {cfg.spec_type} drafts with "
-                f"({drafters.get(cfg.spec_type).summary}): load it with `spec_type`={cfg.spec_type!r}"
+                f"`draft_mode` {cfg.draft_mode} is chosen by mtp_cli.speed.auto.AutoDraft.resolve "
+                "(it gives the config and its policy)"
+            )
+        if not self.can_run(cls):
+            raise ConfigError(
+                f"this runtime was loaded without what spec type {cls.name} drafts with "
+                f"({cls.summary}): load it with `spec_type`={cls.name!r}"
             )
         prompt = self._checked_prompt(prompt_tokens)
-        ctxs, d = self.contexts(cfg)
+        ctxs, d = self.contexts(cfg, cls)
         if len(prompt) > ctxs.n_ctx:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the context holds {ctxs.n_ctx} (`n_ctx`)")
-        n_max = cfg.draft_n_max if cfg.spec_type != "none" else 0
+        n_max = cfg.draft_n_max if cls.name != "none" else 0
         if d.n_max_limit is not None:
             n_max = min(n_max, d.n_max_limit)
         held, ctxs.held = ctxs.held, None  # (until the new generation ends, the memory is in flux)

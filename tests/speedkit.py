@@ -4,13 +4,15 @@ does, injected costs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from click.testing import CliRunner
 
 from mtp_cli.cli import main
 from mtp_cli.config import GenConfig
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.auto import AutoDraft
+from mtp_cli.speed.auto import AutoDraft, parse_draft_n
 
 THREADS = 1
 
@@ -28,7 +30,8 @@ def tokens(rt: Runtime, prompt, cfg: GenConfig, draft_n=None, controller=None, a
     """The tokens of one generation; draft_n "auto" / "adaptive" resolved as the CLI does (by `auto`)."""
     if draft_n is None:
         return [ev.token for ev in rt.generate(prompt, cfg)]
-    res = (auto or AutoDraft(rt)).resolve(cfg, draft_n, controller)
+    mode, n = parse_draft_n(draft_n)
+    res = (auto or AutoDraft(rt)).resolve(replace(cfg, draft_mode=mode, draft_n_max=n or cfg.draft_n_max), controller)
     tokens.last = res  # type: ignore[attr-defined]
     return [ev.token for ev in rt.generate(prompt, res.config, policy=res.policy)]
 

@@ -180,7 +180,7 @@ def test_a_draft_n_min_above_the_chosen_n_is_one_clear_error(models):
 
     with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
         with pytest.raises(ConfigError, match=r"draft_n_min 9 is above the draft length adaptive chose \(8\)"):
-            AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_n_min=9), "adaptive")
+            AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_n_min=9, draft_mode="adaptive"))
 
 
 def test_plain_decoding_does_not_drive_a_policy(models):
@@ -192,9 +192,15 @@ def test_plain_decoding_does_not_drive_a_policy(models):
         assert sum(ctl.steps_at) == 0 and ctl.cost(3) == FLAT[3]
 
 
-def test_a_draft_length_mode_must_be_resolved_first():
+def test_a_draft_length_mode_must_be_resolved_first(models):
     from mtp_cli.config import GenConfig
     from mtp_cli.errors import ConfigError
 
     with pytest.raises(ConfigError, match="must be a number.*mtp_cli.speed.auto"):
         GenConfig(draft_n_max="auto").validated()  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="draft_mode must be one of fixed, auto, adaptive"):
+        GenConfig(draft_mode="sometimes").validated()
+    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+        for mode in ("auto", "adaptive"):  # (without the policy AutoDraft.resolve gives)
+            with pytest.raises(ConfigError, match=f"draft_mode {mode} is chosen by mtp_cli.speed.auto"):
+                rt.generate(rt.tokenize("hello"), greedy(spec_type="mtp", draft_mode=mode))

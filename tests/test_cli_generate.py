@@ -382,8 +382,9 @@ def test_demo_defaults_fill_only_what_was_not_given():
     @click.option("--temp", default=0.8)
     @click.option("--repeat-penalty", "repeat_penalty", default=1.0, envvar="LLAMA_ARG_REPEAT_PENALTY")
     def cmd(**opts):
-        go.demo_settings(opts)
-        seen.update(opts)
+        given = dict(opts)
+        seen.update(go.demo_settings(opts))
+        assert opts == given  # (a new dict: what click parsed stays as it was)
 
     assert CliRunner().invoke(cmd, []).exit_code == 0
     assert seen == {"spec_type": "mtp", "draft_n_max": "auto", "temp": 0.0, "repeat_penalty": go.DEMO_REPEAT_PENALTY}

@@ -71,7 +71,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tiny) -> Iterator[Served]:
-    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1), 3)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1))
     s = Served(engine.start())
     yield s
     s.close()
@@ -239,7 +239,7 @@ def test_an_internal_failure_is_a_500_and_the_next_request_is_served(served, mon
 
 
 def test_an_api_key_is_required_when_set(tiny):
-    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX, n_threads=1), 3).start()
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX, n_threads=1)).start()
     s = Served(engine, api_key="sekrit")
     try:
         assert s.raw("GET", "/health")[0] == 200  # (open: for load balancers)
@@ -397,7 +397,7 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
 
 
 def test_the_servers_own_n_predict_is_clamped_to_the_room_left(tiny):
-    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=64, n_threads=1, n_predict=500), 3).start()
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=64, n_threads=1, n_predict=500)).start()
     s = Served(engine)
     try:
         r = s.client().completions.create(
@@ -424,7 +424,7 @@ def test_the_gemma4_assistant_serves(tmp_path):
             ev.text for ev in rt.generate(rt.tokenize("the cat"), GenConfig(n_predict=6, temp=0.0, n_threads=1))
         )
     base = GenConfig(spec_type="mtp", draft_model=str(pair.assistant), draft_n_max=3, n_ctx=N_CTX, n_threads=1)
-    engine = Engine.load(pair.target, base, 3)
+    engine = Engine.load(pair.target, base)
     s = Served(engine.start())
     try:
         r = s.client().completions.create(model=pair.target.name, prompt="the cat", temperature=0, max_tokens=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -15,10 +15,7 @@ from mtp_cli.cli.app import MtpCommand
 from mtp_cli.cli.llama_flags import load_mode_of, placement_of
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
-from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
-
-if TYPE_CHECKING:
-    from mtp_cli.speed.auto import DraftN
+from mtp_cli.config import GenConfig
 
 
 class SpecTypeParam(click.ParamType):
@@ -123,40 +120,47 @@ drafting = stack(
 )
 
 
-def gen_config(opts: dict[str, Any]) -> tuple[GenConfig, DraftN]:
-    """The generation settings from the options (a random seed drawn, to be reported), and the
-    draft length as given (auto/adaptive are resolved against the loaded model)."""
+def gen_config(opts: dict[str, Any]) -> GenConfig:
+    """The generation settings the options say (a random seed drawn, to be reported; a draft length
+    of auto or adaptive as the config's draft_mode, resolved against the loaded model)."""
     from mtp_cli.speed.auto import parse_draft_n
 
-    if opts["seed"] == -1 and opts["temp"] > 0:
-        opts["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
-    load_mode_of(opts)
-    opts["placement"] = placement_of(opts)
-    draft_n = parse_draft_n(opts["draft_n_max"])
-    opts["spec_type"] = opts["spec_type"] or ("mtp" if isinstance(draft_n, str) else "none")
-    opts["draft_model"] = str(opts["draft_model"]) if opts["draft_model"] else None
-    opts["draft_n_max"] = draft_n if isinstance(draft_n, int) else DRAFT_N_MAX_LIMIT  # (auto: resolved later)
-    return GenConfig(**{f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}), draft_n
+    values = {f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}
+    mode, n = parse_draft_n(opts["draft_n_max"])
+    values.update(
+        draft_mode=mode,
+        draft_n_max=_D.draft_n_max if n is None else n,
+        spec_type=opts["spec_type"] or ("mtp" if mode != "fixed" else "none"),
+        draft_model=str(opts["draft_model"]) if opts.get("draft_model") else None,
+        load_mode=load_mode_of(opts),
+        placement=placement_of(opts)[0],
+    )
+    if values.get("seed", _D.seed) == -1 and values.get("temp", _D.temp) > 0:
+        values["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
+    return GenConfig(**values)
 
 
 DEMO_REPEAT_PENALTY = 1.1
 
 
-def demo_settings(opts: dict[str, Any]) -> None:
-    """The demo model's defaults for the options not given on the command line (nor by LLAMA_ARG_*):
-    MTP with the tuned or adaptive N, greedy, llama.cpp's classic repeat penalty (1.1 over the last
-    64 tokens: a 135M model's greedy answer can loop, and did, once AMX's kernels flipped a near-tie
-    in the demo prompt's, until the context was full). Drafting keeps the penalized output exact."""
+def demo_settings(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options with the demo model's defaults for those not given on the command line (nor by
+    LLAMA_ARG_*): MTP with the tuned or adaptive N, greedy, llama.cpp's classic repeat penalty (1.1
+    over the last 64 tokens: a 135M model's greedy answer can loop, and did, once AMX's kernels
+    flipped a near-tie in the demo prompt's, until the context was full). Drafting keeps the
+    penalized output exact."""
     ctx = click.get_current_context()
     given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
+    out = dict(opts)
     if not given("spec_type"):
-        opts["spec_type"] = "mtp"
-    if not given("draft_n_max") and opts["spec_type"] == "mtp":
-        opts["draft_n_max"] = "auto"
+        out["spec_type"] = "mtp"
+    if not given("draft_n_max") and out["spec_type"] == "mtp":
+        out["draft_n_max"] = "auto"
     if not given("temp"):
-        opts["temp"] = 0.0
+        out["temp"] = 0.0
     if not given("repeat_penalty"):
-        opts["repeat_penalty"] = DEMO_REPEAT_PENALTY
+        out["repeat_penalty"] = DEMO_REPEAT_PENALTY
+    return out
 
 
 __all__ = ["context", "sampling", "drafting", "gen_config", "demo_settings", "SpecTypeParam", "DraftNParam"]

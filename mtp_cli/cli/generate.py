@@ -75,13 +75,13 @@ def generate(
     if conversation:
         return _conversation(model, prompt, prompt_file, system, show_draft, as_json, opts)
     if model is None:
-        model, chat, prompt = _demo_defaults(opts, prompt, prompt_file)
+        model, chat, prompt, opts = _demo_defaults(opts, prompt, prompt_file)
     text = _read_prompt(prompt, prompt_file)
     if system is not None and not chat:
         raise click.UsageError("-sys is a system message for the chat template: add --chat")
-    base, draft_n = go.gen_config(opts)
+    base = go.gen_config(opts)
     with Runtime.load(model, base) as rt:
-        res = AutoDraft(rt).resolve(base, draft_n)
+        res = AutoDraft(rt).resolve(base)
         if chat:
             text = chat_prompt(
                 rt.file,
@@ -94,7 +94,7 @@ def generate(
             render.note(f"note: {res.note}")
         pieces = _stream(gen, as_json, show_draft)
         stats = gen.stats
-    _report(as_json, text, pieces, stats, res.policy, opts["seed"] if opts["temp"] > 0 else None)
+    _report(as_json, text, pieces, stats, res.policy, None if base.greedy else base.seed)
     if stats is not None and stats.stop_reason == "interrupted":
         sys.exit(130)  # as llama.cpp does, after the summary
 
@@ -163,14 +163,14 @@ def _conversation(
     if as_json:
         raise click.UsageError("-cnv is interactive: drop --json")
     if model is None:
-        model, _, prompt = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
+        model, _, prompt, opts = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
     first = _read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
     sys_text = _text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None
-    base, draft_n = go.gen_config(opts)
-    if opts["temp"] > 0:
-        render.note(f"seed: {opts['seed']}")
+    base = go.gen_config(opts)
+    if not base.greedy:
+        render.note(f"seed: {base.seed}")
     with Runtime.load(model, base) as rt:
-        res = AutoDraft(rt).resolve(base, draft_n)
+        res = AutoDraft(rt).resolve(base)
         if res.note:
             render.note(f"note: {res.note}")
         converse(rt, res.config, res.policy, sys_text, _colour(show_draft), first)
@@ -178,17 +178,17 @@ def _conversation(
 
 def _demo_defaults(
     opts: dict[str, Any], prompt: str | None, prompt_file: Path | None, default_prompt: bool = True
-) -> tuple[Path, bool, str | None]:
-    """The demo model (built on first use) and its defaults for every option not given on the command line."""
+) -> tuple[Path, bool, str | None, dict[str, Any]]:
+    """The demo model (built on first use), its chat, its prompt, and the options with its defaults
+    for every one not given on the command line."""
     from mtp_cli.cli.demo_model import demo_file
     from mtp_cli.demo import DEMO_PROMPT
 
     path = demo_file()
-    go.demo_settings(opts)
     if prompt is None and prompt_file is None and default_prompt:
         prompt = DEMO_PROMPT
         render.note(f"prompt: {prompt}")
-    return path, True, prompt
+    return path, True, prompt, go.demo_settings(opts)
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

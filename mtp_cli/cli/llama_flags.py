@@ -159,22 +159,30 @@ placement = stack(
 )
 
 
-def placement_of(opts: dict[str, Any]) -> Placement:
-    """The Placement the placement options say (taken out of opts); a malformed one is a ConfigError."""
-    return Placement(
-        repack=opts.pop("repack", None),
-        override_tensor=parse_overrides(opts.pop("override_tensor", None), "override_tensor"),
-        device=parse_devices(opts.pop("device", None), "device"),
-        override_tensor_draft=parse_overrides(opts.pop("override_tensor_draft", None), "override_tensor_draft"),
-        device_draft=parse_devices(opts.pop("device_draft", None), "device_draft"),
+PLACEMENT_OPTIONS = ("repack", "override_tensor", "device", "override_tensor_draft", "device_draft")
+
+
+def placement_of(opts: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
+    """The Placement the placement options say, and the other options; a malformed one is a ConfigError."""
+    rest = {k: v for k, v in opts.items() if k not in PLACEMENT_OPTIONS}
+    return (
+        Placement(
+            repack=opts.get("repack"),
+            override_tensor=parse_overrides(opts.get("override_tensor"), "override_tensor"),
+            device=parse_devices(opts.get("device"), "device"),
+            override_tensor_draft=parse_overrides(opts.get("override_tensor_draft"), "override_tensor_draft"),
+            device_draft=parse_devices(opts.get("device_draft"), "device_draft"),
+        ),
+        rest,
     )
 
 
-def load_mode_of(opts: dict[str, Any]) -> None:
-    """Fold the old spellings --no-mmap / --mlock into opts["load_mode"] (they win over -lm's default)."""
-    no_mmap, mlock = opts.pop("no_mmap", False), opts.pop("mlock", False)
+def load_mode_of(opts: dict[str, Any]) -> str:
+    """-lm, or what the old spellings --no-mmap / --mlock say (they win over -lm's default)."""
+    no_mmap, mlock = opts.get("no_mmap", False), opts.get("mlock", False)
     if no_mmap or mlock:
-        opts["load_mode"] = {(True, False): "none", (False, True): "mmap+mlock", (True, True): "mlock"}[no_mmap, mlock]
+        return {(True, False): "none", (False, True): "mmap+mlock", (True, True): "mlock"}[no_mmap, mlock]
+    return str(opts.get("load_mode", "auto"))
 
 
 def with_llama_env(cmd: click.Command) -> None:

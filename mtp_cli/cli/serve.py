@@ -65,14 +65,13 @@ def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: 
     from mtp_cli.serve.engine import Engine
 
     sock = _listen(host, port)  # (before the model loads: a busy port fails at once)
-    opts["seed"] = -1  # (each sampled request draws its own, and says it)
+    opts = {**opts, "seed": -1}  # (each sampled request draws its own, and says it)
     if model is None:
         from mtp_cli.cli.demo_model import demo_file
 
         model = demo_file()
-        go.demo_settings(opts)
-    base, draft_n = go.gen_config(opts)
-    engine = Engine.load(model, base, draft_n, alias).start()
+        opts = go.demo_settings(opts)
+    engine = Engine.load(model, go.gen_config(opts), alias).start()
     _request_log()
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup

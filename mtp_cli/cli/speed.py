@@ -38,6 +38,7 @@ def tune(
 
     model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
+    where, kw = placement_of(kw)
     with Live(console=render.err, refresh_per_second=8, transient=True) as live:
         res = run_tune(
             model,
@@ -45,7 +46,7 @@ def tune(
             prompts=texts,
             save=not no_save,
             progress=lambda ev: live.update(render.tune_table(ev.result, ev.message)),
-            placement=placement_of(kw),
+            placement=where,
             **kw,
         )
     if as_json:
@@ -103,6 +104,7 @@ def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as
 
     model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
+    where, kw = placement_of(kw)
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), TextColumn("{task.description}"), console=render.err, transient=True
     ) as bar:
@@ -111,7 +113,7 @@ def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as
             model,
             draft_model,
             prompts=texts,
-            placement=placement_of(kw),
+            placement=where,
             **kw,
             progress=lambda ev: bar.update(task, completed=ev.done, total=ev.total, description=ev.message),
         )

@@ -49,12 +49,18 @@ def names() -> list[str]:
     return list(_BY_NAME)
 
 
-def validated(cfg: GenConfig) -> GenConfig:
-    """cfg with its spec type canonical, checked by its drafter and by GenConfig.validated."""
+def checked(cfg: GenConfig) -> tuple[type[Drafter], GenConfig]:
+    """The drafter class of cfg's spec type, and cfg with that spec type canonical, checked by the
+    drafter and by GenConfig.validated (one look-up, one validation: the runtime's, per generation)."""
     cls = get(cfg.spec_type)
     cfg = replace(cfg, spec_type=cls.name) if cfg.spec_type != cls.name else cfg
     cls.check_config(cfg)
-    return cfg.validated()
+    return cls, cfg.validated()
 
 
-__all__ = ["REGISTRY", "get", "names", "validated", "Drafter", "Models", "ContextPlan", "Loader"]
+def validated(cfg: GenConfig) -> GenConfig:
+    """cfg with its spec type canonical, checked by its drafter and by GenConfig.validated."""
+    return checked(cfg)[1]
+
+
+__all__ = ["REGISTRY", "get", "names", "checked", "validated", "Drafter", "Models", "ContextPlan", "Loader"]

@@ -5,7 +5,7 @@ extra: fastapi + uvicorn, imported only by the modules that need them).
     engine.py    one Runtime, one worker thread, a FIFO of jobs; the KV cache kept across requests
     api.py       the FastAPI app: routes, OpenAI-style errors, SSE streaming
 
-    engine = Engine.load("model.gguf", GenConfig(spec_type="mtp"), "auto")
+    engine = Engine.load("model.gguf", GenConfig(spec_type="mtp", draft_mode="auto"))
     app = create_app(engine, api_key=None)   # then uvicorn.run(app, host="127.0.0.1", port=8080)
 """
 

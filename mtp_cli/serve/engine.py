@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
+from mtp_cli import drafters
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
 from mtp_cli.session import Prompt, Session
-from mtp_cli.speed.auto import AutoDraft, DraftN, Resolved
+from mtp_cli.speed.auto import AutoDraft, Resolved
 from mtp_cli.stats import Generation, GenStats
 
 log = logging.getLogger(__name__)
@@ -94,12 +95,12 @@ class Record:
 class Engine:
     """The server's model: `submit` jobs from any thread; one worker thread runs them in order."""
 
-    def __init__(self, rt: Runtime, base: GenConfig, draft_n: DraftN, alias: Optional[str] = None):
-        self.rt, self.base, self.draft_n = rt, base, draft_n
+    def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None):
+        self.rt, self.base = rt, base
         self.alias = alias or rt.model_path.name
         self.names = {self.alias, rt.model_path.name, rt.model_path.stem}
         self.auto = AutoDraft(rt)
-        self.startup: Resolved = self.auto.resolve(base, draft_n)  # a bad setting fails before serving
+        self.startup: Resolved = self.auto.resolve(drafters.validated(base))  # a bad setting fails before serving
         self.n_ctx = rt.contexts(self.startup.config)[0].n_ctx
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
@@ -110,12 +111,10 @@ class Engine:
         self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
 
     @classmethod
-    def load(
-        cls, model: Union[str, os.PathLike[str]], base: GenConfig, draft_n: DraftN, alias: Optional[str] = None
-    ) -> Engine:
+    def load(cls, model: Union[str, os.PathLike[str]], base: GenConfig, alias: Optional[str] = None) -> Engine:
         rt = Runtime.load(model, base)
         try:
-            return cls(rt, base, draft_n, alias)
+            return cls(rt, base, alias)
         except BaseException:
             rt.close()
             raise
@@ -190,7 +189,7 @@ class Engine:
             self._check_fits(n_prompt, -1, "")
             if cfg.n_predict > 0:
                 cfg = replace(cfg, n_predict=min(cfg.n_predict, self.n_ctx - n_prompt))
-        res = self.auto.resolve(cfg, self.draft_n)
+        res = self.auto.resolve(cfg)
         gen = self.session.generate(prompt, res.config, res.policy)
         job.emit(Started(n_prompt, gen.stats.n_cached))
         text, cut = _stream(gen, job, req.stop_strings())

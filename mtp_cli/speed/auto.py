@@ -1,28 +1,27 @@
 """`auto` and `adaptive` draft lengths, resolved above the runtime into a config and a DraftPolicy.
 
     auto = AutoDraft(rt)
-    res = auto.resolve(cfg, "auto")      # the tuned profile, else adaptive (with a note saying so)
+    res = auto.resolve(replace(cfg, draft_mode="auto"))   # the tuned profile, else adaptive (a note says so)
     for ev in rt.generate(tokens, res.config, policy=res.policy): ...
 
-"auto": the saved profile for this model + machine (mtp only), else adaptive with a note.
-"adaptive": an AdaptiveController (the one given, else one this AutoDraft keeps per spec type,
-so learning carries over between generations).
+GenConfig.draft_mode "auto": the saved profile for this model + machine (mtp only), else adaptive
+with a note. "adaptive": an AdaptiveController (the one given, else one this AutoDraft keeps per
+spec type, so learning carries over between generations). "fixed": the config as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Optional
 
 from mtp_cli import drafters
-from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
+from mtp_cli.config import GenConfig
 from mtp_cli.errors import ConfigError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
 
-DraftN = Union[int, Literal["auto", "adaptive"]]
 DRAFT_N_MODES = ("auto", "adaptive")  # draft lengths chosen here instead of a number
 NO_PROFILE_NOTE = (
     "no tuned profile for this model on this machine (run `mtp-cli tune -m MODEL`); "
@@ -30,22 +29,23 @@ NO_PROFILE_NOTE = (
 )
 
 
-def parse_draft_n(value: object) -> DraftN:
-    """A draft length as given: a number, "auto" or "adaptive" (ConfigError otherwise)."""
+def parse_draft_n(value: object) -> tuple[str, Optional[int]]:
+    """A draft length as given (--spec-draft-n-max): ("fixed", N), ("auto", None) or ("adaptive",
+    None); ConfigError otherwise."""
     if isinstance(value, int):
-        return value
+        return "fixed", value
     v = str(value).strip().lower()
     if v in DRAFT_N_MODES:
-        return v  # type: ignore[return-value]
+        return v, None
     try:
-        return int(v)
+        return "fixed", int(v)
     except ValueError:
         raise ConfigError(f"`draft_n_max` must be a number, auto or adaptive, got {value!r}") from None
 
 
 @dataclass
 class Resolved:
-    config: GenConfig  # draft_n_max a number; spec_type may have become "none" (a profile said off)
+    config: GenConfig  # draft_mode fixed (or adaptive, with the policy); spec_type "none" if a profile said off
     policy: Optional[AdaptiveController]
     mode: str  # "fixed", "profile" or "adaptive"
     note: Optional[str] = None
@@ -70,23 +70,26 @@ class AutoDraft:
             ).key
         return self._keys[k]
 
-    def resolve(self, cfg: GenConfig, draft_n: DraftN, controller: Optional[AdaptiveController] = None) -> Resolved:
-        if isinstance(draft_n, int):
-            return Resolved(drafters.validated(replace(cfg, draft_n_max=draft_n)), None, "fixed")
-        cfg = drafters.validated(replace(cfg, draft_n_max=DRAFT_N_MAX_LIMIT))  # (N itself is chosen below)
-        if cfg.spec_type == "none":
-            return Resolved(replace(cfg, draft_n_max=1), None, "fixed")
-        res = self._from_profile(cfg) if draft_n == "auto" else None
+    def resolve(self, cfg: GenConfig, controller: Optional[AdaptiveController] = None) -> Resolved:
+        """cfg's draft length chosen (a fixed one is left to the runtime's checks)."""
+        mode = cfg.draft_mode
+        if mode == "fixed":
+            return Resolved(cfg, None, "fixed")
+        spec = drafters.get(cfg.spec_type).name
+        cfg = replace(cfg, spec_type=spec)
+        if spec == "none":
+            return Resolved(replace(cfg, draft_mode="fixed", draft_n_max=1), None, "fixed")
+        res = self._from_profile(cfg) if mode == "auto" else None
         if res is None:
-            ctl = controller or self.controllers.get(cfg.spec_type)
+            ctl = controller or self.controllers.get(spec)
             if ctl is None:
-                ctl = self.controllers[cfg.spec_type] = AdaptiveController(ADAPTIVE_N_MAX)
-            note = NO_PROFILE_NOTE if draft_n == "auto" and cfg.spec_type == "mtp" else None
-            res = Resolved(replace(cfg, draft_n_max=ctl.n_max), ctl, "adaptive", note)
+                ctl = self.controllers[spec] = AdaptiveController(ADAPTIVE_N_MAX)
+            note = NO_PROFILE_NOTE if mode == "auto" and spec == "mtp" else None
+            res = Resolved(replace(cfg, draft_mode="adaptive", draft_n_max=ctl.n_max), ctl, "adaptive", note)
         n = res.config.draft_n_max
         if res.config.spec_type != "none" and res.config.draft_n_min > n:
             raise ConfigError(
-                f"`draft_n_min` {res.config.draft_n_min} is above the draft length {draft_n} chose "
+                f"`draft_n_min` {res.config.draft_n_min} is above the draft length {mode} chose "
                 f"({n}{', the tuned profile' if res.mode == 'profile' else ''}): lower it"
             )
         return res
@@ -100,9 +103,11 @@ class AutoDraft:
             f"{', ' + prof.created[:10] if prof.created else ''})"
         )
         if prof.spec_type == "none":
-            return Resolved(replace(cfg, spec_type="none", draft_n_max=1), None, "profile", said, prof)
+            return Resolved(
+                replace(cfg, spec_type="none", draft_mode="fixed", draft_n_max=1), None, "profile", said, prof
+            )
         return Resolved(
-            replace(cfg, draft_n_max=int(prof.draft_n_max), draft_p_min=float(prof.draft_p_min)),
+            replace(cfg, draft_mode="fixed", draft_n_max=int(prof.draft_n_max), draft_p_min=float(prof.draft_p_min)),
             None,
             "profile",
             said,
@@ -110,4 +115,4 @@ class AutoDraft:
         )
 
 
-__all__ = ["AutoDraft", "Resolved", "DraftN", "NO_PROFILE_NOTE", "parse_draft_n"]
+__all__ = ["AutoDraft", "Resolved", "NO_PROFILE_NOTE", "parse_draft_n"]

@@ -147,14 +147,14 @@ def _mtp_settings(rt: Runtime, base: GenConfig, n_values: Sequence[int], details
     """mtp at each fixed N, auto (what the profile says, else adaptive) and adaptive."""
     out = [Setting(setting_name("mtp", n), replace(base, spec_type="mtp", draft_n_max=n)) for n in n_values]
     mtp = replace(base, spec_type="mtp")
-    r = AutoDraft(rt).resolve(mtp, "auto", AdaptiveController())
+    r = AutoDraft(rt).resolve(replace(mtp, draft_mode="auto"), AdaptiveController())
     if r.mode == "profile" and r.profile is not None:
         details["auto"] = f"profile: {r.profile.setting}"
         out.append(Setting("auto", r.config))
     else:
         details["auto"] = "no profile: adaptive"
-        out.append(Setting("auto", replace(mtp, draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
-    out.append(Setting("adaptive", replace(mtp, draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
+        out.append(Setting("auto", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
+    out.append(Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
     details["adaptive"] = ""
     return out
 
