@@ -19,35 +19,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
-from gguf_tools.gguf_file import GGUFFile
 from mtp_cli.chat import continuation, render
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.policy import DraftPolicy
+from mtp_cli.runtime import Runtime
 from mtp_cli.stats import Generation
 
 Message = dict[str, Any]
-
-
-class Host(Protocol):
-    """What a session needs of a runtime (mtp_cli.runtime.Runtime)."""
-
-    file: GGUFFile
-
-    def special_texts(self) -> tuple[str, str]: ...
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
-
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        config: GenConfig,
-        *,
-        policy: Optional[DraftPolicy] = None,
-        reuse: bool = False,
-    ) -> Generation: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +58,7 @@ class Session:
     """The requests on one runtime, in order; `chat`/`text`/`ids` give the next prompt, `generate`
     runs it keeping what the memory holds of it."""
 
-    def __init__(self, rt: Host):
+    def __init__(self, rt: Runtime):
         self.rt = rt
         self._last: Optional[_Turn] = None
 
@@ -119,4 +100,4 @@ class Session:
         return gen
 
 
-__all__ = ["Session", "Prompt", "Message", "Host"]
+__all__ = ["Session", "Prompt", "Message"]
