@@ -216,6 +216,13 @@ class Runtime:
         49k tokens: once per model, not per generation or request)."""
         return tuple(lx.eog_tokens(self.model))
 
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Bytes of the vocabulary's longest entry: a text of c characters has at least c / this
+        tokens (a bound to refuse a huge prompt before tokenizing it)."""
+        m = self.model
+        return max(1, max(len(lx.token_text(m, t)) for t in range(self.n_vocab)))
+
     @property
     def n_heads(self) -> int:
         """MTP head blocks of the model that drafts (0 when it drafts with none)."""

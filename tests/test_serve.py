@@ -197,8 +197,12 @@ def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "`n` must be 1"),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools`"),
         ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "presence_penalty"),
-        ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model 'gpt-4' not found"),
-        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000}, 400, "exceed the context"),
+        ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 5}, 400, "`presence_penalty`"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "image_url",
+        ),
         ({"messages": [{"role": "user", "content": "hi " * 400}]}, 400, "the context holds 256"),
         ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "`stop`"),
         ({"messages": []}, 400, "`messages`"),
@@ -218,12 +222,8 @@ def test_errors_reach_the_openai_client_as_its_own_exceptions(served):
         c.completions.create(model=served.engine.alias, prompt=[10**9], max_tokens=2)  # a token outside the vocabulary
     assert "outside the vocabulary" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(
-            model=served.engine.alias, messages=[{"role": "user", "content": "x"}], max_tokens=900
-        )
+        c.chat.completions.create(model=served.engine.alias, messages=[{"role": "user", "content": "x " * 300}])
     assert e.value.code == "context_length_exceeded"
-    with pytest.raises(openai.NotFoundError):
-        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert served.raw("GET", "/v1/nowhere")[0] == 404
 
 
@@ -404,9 +404,11 @@ def test_the_servers_own_n_predict_is_clamped_to_the_room_left(tiny):
             model=engine.alias, prompt="hello world", temperature=0, extra_body={"ignore_eos": True}
         )
         assert r.usage.prompt_tokens + r.usage.completion_tokens <= 64 and r.choices[0].finish_reason == "length"
-        with pytest.raises(openai.BadRequestError) as e:
-            s.client().completions.create(model=engine.alias, prompt="hello world", max_tokens=500)
-        assert "`max_tokens` 500" in str(e.value)
+        # a request's own max_tokens past the context: clamped the same way (llama-server's behaviour)
+        r = s.client().completions.create(
+            model=engine.alias, prompt="hello world", max_tokens=500, extra_body={"ignore_eos": True}
+        )
+        assert r.usage.prompt_tokens + r.usage.completion_tokens == 64 and r.choices[0].finish_reason == "length"
     finally:
         s.close()
         engine.close()

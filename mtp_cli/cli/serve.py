@@ -39,6 +39,14 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
     help="The model's name in the API [default: the file's name].",
 )
 @click.option(
+    "--cors-origins",
+    "cors_origins",
+    default="*",
+    show_default=True,
+    envvar="LLAMA_ARG_CORS_ORIGINS",
+    help="Origins a browser may call from: *, localhost (a localhost origin only) or a comma-separated list.",
+)
+@click.option(
     "-n",
     "--n-predict",
     "n_predict",
@@ -54,7 +62,9 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
 @kv_and_sampling
 @placement
 @llama_compat
-def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: str | None, **opts: Any) -> None:
+def serve(
+    model: Path | None, host: str, port: int, api_key: str | None, alias: str | None, cors_origins: str, **opts: Any
+) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health),
     drafting with its MTP head; each response carries `usage` and an `mtp` object (drafted,
     accepted, acceptance by position, tokens per pass, the N used). Needs: pip install 'mtp-cli[serve]'."""
@@ -81,7 +91,7 @@ def serve(model: Path | None, host: str, port: int, api_key: str | None, alias: 
         render.note(f"note: {engine.startup.note}")
     render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}", highlight=False)
     config = uvicorn.Config(
-        create_app(engine, api_key), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        create_app(engine, api_key, cors_origins), log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
 
     class Server(uvicorn.Server):  # type: ignore[name-defined]

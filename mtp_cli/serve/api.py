@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -42,14 +43,45 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     if e.get("type") == "extra_forbidden":
         return f"unsupported parameter `{field}`", field
     if e.get("type") == "missing":
+        if field is None:
+            return "the request body is empty: send a JSON object", None
         return f"`{field}` is required", field
     if field is None:
         return f"the request body must be a JSON object ({e.get('msg')})", None
     return f"`{field}`: {e.get('msg')}", field
 
 
-def create_app(engine: Engine, api_key: Optional[str] = None) -> FastAPI:
+LOCALHOST = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
+class JsonBodies:
+    """Read every POST body as JSON, whatever its Content-Type says (curl -d sends a form type;
+    llama-server reads JSON all the same). Pure ASGI: a client's disconnect still shows."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str = "*") -> FastAPI:
+    """The app; `cors_origins` as llama-server's --cors-origins: "*", "localhost" (a localhost
+    Origin only) or a comma-separated list."""
     app = FastAPI(title="mtp-cli", docs_url=None, redoc_url=None, openapi_url=None)
+    origins = [o.strip() for o in cors_origins.split(",") if o.strip()]
+    local = origins == ["localhost"]
+    app.add_middleware(JsonBodies)
+    app.add_middleware(  # (pure ASGI, unlike a BaseHTTPMiddleware: a client's disconnect still shows)
+        CORSMiddleware,
+        allow_origins=[] if local else origins,
+        allow_origin_regex=LOCALHOST if local else None,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["*"],
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -95,8 +127,6 @@ def create_app(engine: Engine, api_key: Optional[str] = None) -> FastAPI:
 
 
 async def _complete(engine: Engine, req: Union[ChatRequest, CompletionRequest], request: Request, obj: str) -> Any:
-    if req.model is not None and req.model not in engine.names:
-        return error(404, f"model {req.model!r} not found: this server serves {engine.alias!r}", code="model_not_found")
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Optional[Event]] = asyncio.Queue()
     job = Job(req, lambda ev: _post(loop, events, ev))
@@ -179,7 +209,7 @@ def _choice(obj: str, text: Optional[str], finish: Optional[str], *, delta: bool
             return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
         return {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": {"role": "assistant", "content": text, "refusal": None},
             "logprobs": None,
             "finish_reason": finish,
         }
@@ -193,6 +223,7 @@ def _whole(head: dict[str, Any], obj: str, first: Started, done: Done) -> dict[s
         "choices": [_choice(obj, done.text, done.finish_reason, delta=False)],
         "usage": _usage(first, done),
         "mtp": done.mtp,
+        "timings": done.timings,
     }
 
 
@@ -219,7 +250,7 @@ async def _sse(
             if isinstance(ev, Delta):
                 yield chunk([_choice(obj, ev.text, None, delta=True)])
             elif isinstance(ev, Done):
-                usage = {"usage": _usage(first, ev), "mtp": ev.mtp}
+                usage = {"usage": _usage(first, ev), "mtp": ev.mtp, "timings": ev.timings}
                 finish = [_choice(obj, None, ev.finish_reason, delta=True)]
                 if include_usage:  # (as OpenAI: usage once, in a last chunk without choices)
                     yield chunk(finish)

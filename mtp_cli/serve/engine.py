@@ -58,6 +58,7 @@ class Done:
     finish_reason: str  # stop | length
     stats: GenStats
     mtp: dict[str, Any]
+    timings: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,10 @@ class Engine:
     def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None):
         self.rt, self.base = rt, base
         self.alias = alias or rt.model_path.name
-        self.names = {self.alias, rt.model_path.name, rt.model_path.stem}
         self.auto = AutoDraft(rt)
         self.startup: Resolved = self.auto.resolve(drafters.validated(base))  # a bad setting fails before serving
         self.n_ctx = rt.contexts(self.startup.config)[0].n_ctx
+        rt.longest_token  # noqa: B018  (computed now, not in the first request)
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
@@ -136,7 +137,8 @@ class Engine:
         """Stop the running job at its next token and drop the queued ones (the server is stopping)."""
         self._closing.set()
         current = self._current
-        if current is not None:
+        if current is not None:  # (its stream ends with an error chunk and [DONE], not cut off)
+            current.emit(Failed(MtpError("the server is shutting down"), 503))
             current.cancelled.set()
         while True:
             try:
@@ -178,17 +180,16 @@ class Engine:
     def _run(self, job: Job) -> None:
         req = job.request
         check(req)
+        self._check_size(req.texts_size())
         cfg = replace(self.base, **req.overrides())
         if not cfg.greedy and cfg.seed < 0:
             cfg = replace(cfg, seed=secrets.randbits(31))  # random, but said: the request can be repeated
         prompt = self._prompt(req)
         n_prompt = len(prompt.tokens)
-        if req.n_predict() is not None:
-            self._check_fits(n_prompt, cfg.n_predict, req.max_tokens_field())
-        else:  # (the server's own -n: as much of it as fits)
-            self._check_fits(n_prompt, -1, "")
-            if cfg.n_predict > 0:
-                cfg = replace(cfg, n_predict=min(cfg.n_predict, self.n_ctx - n_prompt))
+        if n_prompt >= self.n_ctx:
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
+        if cfg.n_predict > self.n_ctx - n_prompt:  # (as llama-server: stop at the context's end, "length")
+            cfg = replace(cfg, n_predict=self.n_ctx - n_prompt)
         res = self.auto.resolve(cfg)
         gen = self.session.generate(prompt, res.config, res.policy)
         job.emit(Started(n_prompt, gen.stats.n_cached))
@@ -208,15 +209,17 @@ class Engine:
         self.recent.append(rec)
         _log(rec, st.spec_type)
         if not job.cancelled.is_set():
-            job.emit(Done(text, "stop" if cut else FINISH.get(str(st.stop_reason), "stop"), st, _figures(st, res, cfg)))
+            finish = "stop" if cut else FINISH.get(str(st.stop_reason), "stop")
+            job.emit(Done(text, finish, st, _figures(st, res, cfg), timings(st)))
 
-    def _check_fits(self, n_prompt: int, n_predict: int, field: str) -> None:
-        if n_prompt >= self.n_ctx:
-            raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
-        if n_predict > 0 and n_prompt + n_predict > self.n_ctx:
+    def _check_size(self, n_chars: int) -> None:
+        """Refuse a prompt text too long for the context before tokenizing it (each token covers at
+        most the vocabulary's longest entry)."""
+        at_least = n_chars // self.rt.longest_token
+        if at_least >= self.n_ctx:
             raise ContextLengthError(
-                f"{field} {n_predict} and the prompt's {n_prompt} tokens exceed the context "
-                f"({self.n_ctx} tokens): ask for at most {self.n_ctx - n_prompt}"
+                f"the prompt has {n_chars} characters, at least {at_least} tokens, and the context "
+                f"holds {self.n_ctx}: shorten it"
             )
 
     def _prompt(self, req: Union[ChatRequest, CompletionRequest]) -> Prompt:
@@ -272,6 +275,25 @@ def _figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
     if res.policy is not None:
         doc["adaptive"] = res.policy.summary()
     return doc
+
+
+def timings(st: GenStats) -> dict[str, Any]:
+    """llama-server's `timings` object (front-ends written for it read acceptance from here)."""
+    n_prompt, n_gen = st.n_prompt - st.n_cached, st.n_tokens
+    prompt_ms, gen_ms = st.t_prompt * 1e3, st.t_gen * 1e3
+    return {
+        "cache_n": st.n_cached,
+        "prompt_n": n_prompt,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else 0.0,
+        "prompt_per_second": round(st.prompt_tokens_per_second, 3),
+        "predicted_n": n_gen,
+        "predicted_ms": round(gen_ms, 3),
+        "predicted_per_token_ms": round(gen_ms / (n_gen - st.n_first), 3) if n_gen > st.n_first else 0.0,
+        "predicted_per_second": round(st.tokens_per_second, 3),
+        "draft_n": st.n_drafted,
+        "draft_n_accepted": st.n_accepted,
+    }
 
 
 def _log(r: Record, spec_type: str) -> None:

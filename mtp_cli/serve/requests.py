@@ -1,18 +1,19 @@
 """The request bodies of /v1/chat/completions and /v1/completions (pydantic), and what they mean for
 a generation: the GenConfig fields they set, their stop strings, their prompt.
 
-Fields the OpenAI API defines and mtp-cli cannot honour are refused by name (400), and so is any
-field neither knows; a field that does nothing at its default (n = 1, presence_penalty = 0,
-logprobs false...) is accepted at that default only.
+Every field of OpenAI's current schemas is accepted (and llama-server's own that clients send), at
+any value that does not change the output or that mtp-cli honours; a value it cannot honour is
+refused by name (400), and so is a field neither API knows (a misspelling is not dropped silently).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mtp_cli.errors import ConfigError
+from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
 
 MAX_STOP = 4  # the OpenAI API's limit on stop strings
 # request field -> the GenConfig field it sets (errors name the request's field: request_name)
@@ -22,6 +23,7 @@ CONFIG_FIELD = {
     "top_k": "top_k",
     "min_p": "min_p",
     "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n",
     "ignore_eos": "ignore_eos",
     "seed": "seed",
     "max_tokens": "n_predict",
@@ -34,119 +36,142 @@ def request_name(config_field: str) -> str:
     return _REQUEST_FIELD.get(config_field, config_field)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart], None] = None
-    name: Optional[str] = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool = False  # (no obfuscation is ever added: accepted either way)
 
 
-class Sampling(_Strict):
+class Sampling(Strict):
     """The fields both endpoints share."""
 
-    model: Optional[str] = None
+    model: Optional[str] = None  # any name: the one model is served under all of them (as llama-server)
     max_tokens: Optional[int] = Field(None, ge=1)
+    n_predict: Optional[int] = Field(None, ge=-1)  # (llama-server's)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0)  # (llama-server's)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # (llama-server's)
     repeat_penalty: Optional[float] = Field(None, gt=0.0)  # (llama-server's)
+    repeat_last_n: Optional[int] = Field(None, ge=0)  # (llama-server's)
     ignore_eos: Optional[bool] = None  # (llama-server's)
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None  # (accepted, unused)
-    # accepted at their no-op values only (checked by `unsupported`)
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: Union[bool, int, None] = None
+    n: Optional[int] = 1
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None
+    # bookkeeping fields that change nothing in the output
+    user: Optional[str] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None  # (the cache keeps the longest common prefix by itself)
+    prompt_cache_retention: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    cache_prompt: Optional[bool] = None  # (llama-server's: the prefix cache is always on)
+    id_slot: Optional[int] = None  # (llama-server's: one slot)
+    timings_per_token: Optional[bool] = None  # (llama-server's: timings come with the last chunk)
+    # llama-server's samplers, at their off values only
+    typical_p: Optional[float] = None
+    mirostat: Optional[int] = None
 
     def unsupported(self) -> Optional[str]:
         """The first field set to something mtp-cli does not do, said in one line; None if none."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             return f"`n` must be 1 (one completion per request), got {self.n}"
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 return f"`{name}` is not supported (use `repeat_penalty`)"
-        if self.logprobs:
-            return "`logprobs` is not supported"
         if self.logit_bias:
             return "`logit_bias` is not supported"
+        if self.typical_p not in (None, 1.0):
+            return "`typical_p` is not supported (only 1: off)"
+        if self.mirostat not in (None, 0):
+            return "`mirostat` is not supported (only 0: off)"
         stops = self.stop_strings()
         if len(stops) > MAX_STOP or any(not s for s in stops):
             return f"`stop` takes 1 to {MAX_STOP} non-empty strings"
+        where = lone_surrogate(self.model_dump(exclude_none=True))
+        if where:
+            return f"`{where}` holds a lone surrogate (valid JSON, but not text)"
         return None
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def n_predict(self) -> Optional[int]:
-        return self.max_tokens
-
-    def max_tokens_field(self) -> str:
-        """The field that set n_predict, as the request spelled it."""
-        return "`max_tokens`"
+    def requested_tokens(self) -> Optional[int]:
+        """The most tokens the request asks for (None: the server's own -n)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None and self.n_predict >= 0 else None
 
     def overrides(self) -> dict[str, Any]:
         """The GenConfig fields this request sets (the server's own settings fill the rest)."""
         pairs = {cfg: getattr(self, field) for field, cfg in CONFIG_FIELD.items() if field != "max_tokens"}
-        pairs["n_predict"] = self.n_predict()
+        pairs["n_predict"] = self.requested_tokens()
         return {k: v for k, v in pairs.items() if v is not None}
+
+    def texts_size(self) -> int:
+        """Characters of the request's prompt text (a bound on its tokens, checked before tokenizing)."""
+        return 0
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    response_format: Optional[dict[str, Any]] = None  # {"type": "text"} only
-    tools: Optional[list[Any]] = None  # refused when given
-    tool_choice: Optional[Any] = None
-    top_logprobs: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[dict[str, Any]]] = None
+    function_call: Union[str, dict[str, Any], None] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    modalities: Optional[list[str]] = None
+    audio: Optional[dict[str, Any]] = None
+    prediction: Optional[dict[str, Any]] = None  # (a predicted output changes speed, not the output)
+    reasoning_effort: Optional[str] = None
+    verbosity: Optional[str] = None
+    web_search_options: Optional[dict[str, Any]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # (llama-server's: passed to the template)
+    reasoning_format: Optional[str] = None  # (llama-server's)
 
     def unsupported(self) -> Optional[str]:
-        if self.tools or self.tool_choice not in (None, "none"):
+        if self.tools or self.functions or self.tool_choice not in (None, "none", "auto"):
             return "`tools` are not supported"
         if self.response_format not in (None, {"type": "text"}):
             return '`response_format` supports only {"type": "text"}'
-        if self.top_logprobs:
-            return "`top_logprobs` is not supported"
+        if self.logprobs or self.top_logprobs:
+            return "`logprobs` is not supported"
+        if self.modalities and set(self.modalities) - {"text"}:
+            return f"`modalities`: this model writes text only, got {self.modalities}"
+        if self.audio:
+            return "`audio` output is not supported"
+        if self.web_search_options is not None:
+            return "`web_search_options`: this server does not search the web"
+        for i, m in enumerate(self.messages):  # (an image part, say: refused naming it)
+            m.text(f"messages.{i}")
         return super().unsupported()
 
-    def n_predict(self) -> Optional[int]:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def requested_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else super().requested_tokens()
 
-    def max_tokens_field(self) -> str:
-        return "`max_completion_tokens`" if self.max_completion_tokens is not None else "`max_tokens`"
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them."""
+        return template_messages(self.messages)
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them ("developer" is the newer name for "system")."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def texts_size(self) -> int:
+        return sum(len(m.text(f"messages.{i}")) for i, m in enumerate(self.messages))
 
 
 class CompletionRequest(Sampling):
-    prompt: Union[str, list[str], list[int]]
-    echo: bool = False
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: Optional[bool] = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=5)
 
     def unsupported(self) -> Optional[str]:
         if self.echo:
@@ -155,20 +180,31 @@ class CompletionRequest(Sampling):
             return "`suffix` is not supported"
         if self.best_of not in (None, 1):
             return "`best_of` must be 1"
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
-            return f"`prompt`: one prompt per request, got {len(self.prompt)}"
+        if self.logprobs:
+            return "`logprobs` is not supported"
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
+            if len(self.prompt) != 1:
+                return f"`prompt`: one prompt per request, got {len(self.prompt)}"
         return super().unsupported()
 
     def prompt_text(self) -> Optional[str]:
         """The prompt as text, or None when it was given as token ids."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        if self.prompt and isinstance(self.prompt[0], str):
-            return str(self.prompt[0])
-        return None if self.prompt else ""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if p and isinstance(p[0], str):
+            return str(p[0])
+        return None if p else ""
 
     def prompt_ids(self) -> list[int]:
-        return [int(t) for t in self.prompt] if isinstance(self.prompt, list) and self.prompt_text() is None else []
+        p = self.prompt
+        if not isinstance(p, list) or self.prompt_text() is not None:
+            return []
+        ids: list[Any] = p[0] if p and isinstance(p[0], list) else p
+        return [int(t) for t in ids]
+
+    def texts_size(self) -> int:
+        return len(self.prompt_text() or "")
 
 
 def check(req: Sampling) -> None:

@@ -1,0 +1,202 @@
+"""`serve` takes what real clients send (issue: tools, structured output, fields, prefix cache): every
+standard field at a harmless value, any model name, a history built from `message.model_dump()`,
+max_tokens past the context clamped, lone surrogates and empty bodies refused in one line, a huge
+prompt refused before it is tokenized, llama-server's `timings`, CORS, a stream ended cleanly when the
+server stops, and the longest-common-prefix cache (regenerate, an edited turn, a shared system
+prompt, a continued assistant message)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.serve.engine import Engine  # noqa: E402
+from tests.factory import tiny_model_set  # noqa: E402
+from tests.test_serve import N_CTX, Served, _slow  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[Served]:
+    tiny = tiny_model_set(tmp_path_factory.mktemp("clients"), "glm4moe", "structured", "q8_0", head_noise=1.5)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1))
+    s = Served(engine.start())
+    yield s
+    s.close()
+    engine.close()
+
+
+def _ask(c, messages, **kw):
+    return c.chat.completions.create(
+        messages=messages, **{"model": "anything", "temperature": 0, "max_tokens": 8, **kw}
+    )
+
+
+def test_standard_fields_at_harmless_values_and_any_model_name_are_served(served):
+    c = served.client()
+    r = _ask(
+        c,
+        [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]}, {"role": "user", "content": "hi"}],
+        model="gpt-4o",
+        store=False,
+        metadata={"run": "1"},
+        service_tier="auto",
+        reasoning_effort="low",
+        prompt_cache_key="k",
+        user="u",
+        safety_identifier="s",
+        parallel_tool_calls=True,
+        presence_penalty=0,
+        frequency_penalty=0,
+        n=1,
+        stream_options=None,
+        extra_body={"cache_prompt": True, "id_slot": -1, "typical_p": 1.0},
+    )
+    assert r.model == served.engine.alias and r.choices[0].message.refusal is None
+    chunks = list(
+        _ask(c, [{"role": "user", "content": "hi"}], stream=True, stream_options={"include_obfuscation": False})
+    )
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_history_built_from_model_dump_goes_back_as_it_came(served):
+    """The returned message, dumped with its null refusal/audio/function_call/tool_calls, is the next
+    turn's history; and the cache keeps everything the first turn left."""
+    c = served.client()
+    msgs = [{"role": "user", "content": "the cat"}]
+    a = _ask(c, msgs)
+    msgs += [a.choices[0].message.model_dump(), {"role": "user", "content": "a dog"}]
+    assert msgs[1]["refusal"] is None and "tool_calls" in msgs[1]
+    b = _ask(c, msgs)
+    assert b.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens + a.usage.completion_tokens - 1
+
+
+def test_max_tokens_past_the_context_stops_at_its_end_with_length(served):
+    r = _ask(served.client(), [{"role": "user", "content": "hi"}], max_tokens=100_000, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == N_CTX
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ('{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "`messages.0.content` holds a lone surrogate"),
+        ('{"prompt": "x", "stop": ["\\udfff"]}', "`stop.0` holds a lone surrogate"),
+        ("", "the request body is empty"),
+    ],
+)
+def test_lone_surrogates_and_an_empty_body_are_one_line(served, body, says):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    status, doc = served.raw("POST", path, body)
+    assert status == 400 and says in doc["error"]["message"], doc
+    assert served.raw("GET", "/health")[0] == 200
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenized(served, monkeypatch):
+    seen: list[int] = []
+    real = served.engine.rt.tokenize
+    monkeypatch.setattr(served.engine.rt, "tokenize", lambda text, **k: seen.append(len(text)) or real(text, **k))
+    t0 = time.monotonic()
+    status, doc = served.raw("POST", "/v1/completions", json.dumps({"prompt": "hello world " * 400_000}))
+    assert (
+        status == 400 and doc["error"]["code"] == "context_length_exceeded" and "characters" in doc["error"]["message"]
+    )
+    assert seen == [] and time.monotonic() - t0 < 10
+
+
+def test_timings_as_llama_server_reports_them(served):
+    r = _ask(served.client(), [{"role": "user", "content": "the cat sat"}], max_tokens=12)
+    t, mtp = r.model_extra["timings"], r.model_extra["mtp"]
+    assert t["predicted_n"] == r.usage.completion_tokens == 12
+    assert t["prompt_n"] + t["cache_n"] == r.usage.prompt_tokens
+    assert (t["draft_n"], t["draft_n_accepted"]) == (mtp["drafted"], mtp["accepted"]) and t["draft_n"] > 0
+    assert t["predicted_per_second"] > 0 and t["prompt_ms"] > 0
+
+
+def test_cors_preflight_and_origin(served):
+    c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    headers = {
+        "Origin": "http://example.org",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    c.request("OPTIONS", "/v1/chat/completions", headers=headers)
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("access-control-allow-origin") in ("*", "http://example.org")
+    assert "authorization" in (r.getheader("access-control-allow-headers") or "").lower()
+    c.request("GET", "/v1/models", headers={"Origin": "http://example.org"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("access-control-allow-origin") in ("*", "http://example.org")
+    c.close()
+
+
+def test_a_stopping_server_ends_the_running_stream_with_an_error_and_done(tmp_path):
+    tiny = tiny_model_set(tmp_path, "glm4moe", "structured", "q8_0")
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX, n_threads=1))
+    s = Served(engine.start())
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            _slow(engine, mp, per_token=0.05)
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+            body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True}
+            c.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}))
+            r = c.getresponse()
+            head = b"".join(r.readline() for _ in range(4)).decode()  # (two events: the stream is running)
+            engine.cancel_all()  # (what SIGTERM and Ctrl-C do first)
+            rest = head + r.read().decode()
+            c.close()
+        events = [e[len("data: ") :] for e in rest.split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+    finally:
+        s.close()
+        engine.close()
+
+
+def test_the_cache_keeps_the_longest_common_prefix(served):
+    """Regenerate, an edited last turn and a new question under the same system prompt reuse what the
+    cache holds of them; the answers are those of a cold cache."""
+    c = served.client()
+    system = {"role": "system", "content": "You answer about animals. " * 6}
+    first = [system, {"role": "user", "content": "the cat"}]
+    a = _ask(c, first)
+    again = _ask(c, first)
+    assert again.usage.prompt_tokens_details.cached_tokens == a.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == a.choices[0].message.content
+    other = [system, {"role": "user", "content": "a dog and a bird"}]
+    b = _ask(c, other)
+    shared = b.usage.prompt_tokens_details.cached_tokens
+    assert 20 < shared < b.usage.prompt_tokens
+    c.completions.create(model="x", prompt="unrelated words here", max_tokens=2, temperature=0)
+    cold = _ask(c, other)
+    assert cold.usage.prompt_tokens_details.cached_tokens < 4
+    assert cold.choices[0].message.content == b.choices[0].message.content
+
+
+def test_a_trailing_assistant_message_is_continued(served):
+    c = served.client()
+    start = _ask(c, [{"role": "user", "content": "the cat"}], max_tokens=6).choices[0].message.content
+    assert start
+    head, tail = start[: len(start) // 2], start[len(start) // 2 :]
+    cont = _ask(c, [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": head}], max_tokens=6)
+    assert (head + cont.choices[0].message.content).startswith(head + tail[:2])
+
+
+def test_a_body_without_a_json_content_type_is_read_as_json(served):
+    """curl -d sends application/x-www-form-urlencoded; llama-server reads the body as JSON anyway."""
+    body = json.dumps({"prompt": "hello", "max_tokens": 2, "temperature": 0})
+    for headers in ({}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        c.request("POST", "/v1/completions", body=body, headers=headers)
+        r = c.getresponse()
+        doc = json.loads(r.read())
+        c.close()
+        assert r.status == 200 and doc["usage"]["completion_tokens"] == 2, doc
