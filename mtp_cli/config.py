@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +22,7 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0"
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
 # how N is chosen: draft_n_max; the tuned profile (else adaptive); per step from measured acceptance
 DRAFT_MODES = ("fixed", "auto", "adaptive")
+MAX_LOGPROBS = 20  # alternatives reported per token (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,17 @@ def parse_devices(text: Optional[str], name: str) -> Optional[tuple[str, ...]]:
     return names
 
 
+def parse_logit_bias(items: Sequence[str], name: str) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's `TOKEN_ID(+/-)BIAS` (-l, repeated), e.g. 15043+1 or 15043-inf."""
+    out = []
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9]*\.?[0-9]+(?:e[+-]?\d+)?))\s*", item, re.IGNORECASE)
+        if not m:
+            raise ConfigError(f"`{name}` takes TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf, got {item!r}")
+        out.append((int(m.group(1)), float(m.group(2).replace(" ", ""))))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class GenConfig:
     n_predict: int = -1  # tokens to generate; -1 = until EOG or the context is full
@@ -96,6 +109,11 @@ class GenConfig:
     min_p: float = 0.05  # 0 = off
     repeat_penalty: float = 1.0  # llama.cpp's penalties sampler: 1 = off
     repeat_last_n: int = 64  # tokens it looks back over (the prompt's included); 0 = off
+    presence_penalty: float = 0.0  # the same sampler: subtracted once from a token seen there; 0 = off
+    frequency_penalty: float = 0.0  # and once per time it was seen; 0 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to its logit (-inf: never)
+    grammar: Optional[str] = None  # GBNF every generated text must follow (llama.cpp's --grammar)
+    logprobs: Optional[int] = None  # report each token's log-probability and this many alternatives'
     ignore_eos: bool = False  # end-of-generation tokens never sampled (llama.cpp: an EOG logit bias of -inf)
     seed: int = -1  # -1 = random
 
@@ -105,7 +123,8 @@ class GenConfig:
 
     @property
     def penalized(self) -> bool:
-        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+        on = self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return on and self.repeat_last_n > 0
 
     def validated(self) -> GenConfig:
         """Self, if every value is in range; raises ConfigError naming the first that is not."""
@@ -127,6 +146,14 @@ class GenConfig:
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
             raise ConfigError(f"`repeat_penalty` must be above 0, got {self.repeat_penalty}")
         _at_least(self.repeat_last_n, 0, "repeat_last_n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"`{name}` must be a number, got {getattr(self, name)}")
+        for tok, bias in self.logit_bias:
+            if tok < 0 or math.isnan(bias) or bias == math.inf:
+                raise ConfigError(f"`logit_bias`: token {tok} with bias {bias} (a token id >= 0, a bias below +inf)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"`logprobs` must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
         if not isinstance(self.draft_n_max, int) or isinstance(self.draft_n_max, bool):
             raise ConfigError(
                 f"`draft_n_max` must be a number (auto and adaptive are a `draft_mode`, resolved by "
@@ -165,6 +192,7 @@ __all__ = [
     "Placement",
     "parse_devices",
     "parse_overrides",
+    "parse_logit_bias",
     "DRAFT_N_MAX_LIMIT",
     "DRAFT_MODES",
     "KV_CACHE_TYPES",

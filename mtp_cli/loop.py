@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Optional
 
 import numpy as np
@@ -37,12 +37,10 @@ from mtp_cli.drafters import Drafter
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Reuse
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.sampling import RowEdits, TokenSampler, verify_greedy
+from mtp_cli.sampling import Chooser, Probs, VerifySampled
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 
 _now = time.perf_counter
-
-VerifySampled = Callable[[TokenSampler, lx.Context, np.ndarray, Sequence[int]], tuple[int, int]]
 
 
 def decode_prompt(tgt: lx.Context, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
@@ -79,8 +77,7 @@ class VerifyLoop:
         self.n_ctx, self.n_max, self.n_min = n_ctx, stats.n_max, cfg.draft_n_min
         self.n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
         self.V = lx.n_vocab(model)
-        self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
-        self.edits = RowEdits(cfg, eog_tokens)
+        self.chooser = Chooser(model, cfg, eog_tokens, verify_sampled)
         self.is_eog = lx.eog_checker(model)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))
@@ -101,7 +98,7 @@ class VerifyLoop:
                 return self._stopped("n_predict")
             first = self._prefill(prompt, reuse)
             st.t_prompt = _now() - t_start
-            stop = yield from self._emit(first, "target")
+            stop = yield from self._emit(first, "target", 0)
             if st.stop_reason != "eog":
                 self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
             if stop:
@@ -111,9 +108,9 @@ class VerifyLoop:
                 a, nxt = self._verify(drafts)
                 self._settle(drafts, a, nxt)
                 for j in range(a):
-                    if (yield from self._emit(drafts[j], "draft")):
+                    if (yield from self._emit(drafts[j], "draft", j)):
                         return st
-                if (yield from self._emit(nxt, "target")):
+                if (yield from self._emit(nxt, "target", a)):
                     return st
             return st
         except KeyboardInterrupt:
@@ -142,10 +139,8 @@ class VerifyLoop:
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
         decode_prompt(tgt, vb, d, prompt, keep)
-        row = lx.logits_rows(tgt, 1, self.V)
-        if self.edits.active:
-            self.edits.apply(row, prompt)
-        first = self.id_last = self.sampler.sample(tgt, vb.n_tokens - 1, row[0])
+        row = lx.logits_rows(tgt, 1, self.V)[0]
+        first = self.id_last = self.chooser.first(tgt, vb.n_tokens - 1, row, prompt)
         self.n_past = len(prompt)
         d.t_decode, d.n_decode = 0.0, 0  # the drafter's generation costs start now
         return first
@@ -192,12 +187,9 @@ class VerifyLoop:
         st.t_target_decode += _now() - t
         st.n_verify += 1
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
-        if self.edits.active:
-            recent = self.decoded[-self.edits.last_n :] if self.edits.penalty is not None else []
-            self.edits.apply(rows, [*recent, self.id_last], drafts)
-        if self.sampler.greedy:
-            return verify_greedy(rows, drafts)
-        return self.verify_sampled(self.sampler, self.tgt, rows, drafts)
+        edits = self.chooser.edits
+        recent = self.decoded[-edits.last_n :] if edits.penalty is not None else []
+        return self.chooser.verify(self.tgt, rows, drafts, [*recent, self.id_last])
 
     def _settle(self, drafts: list[int], a: int, nxt: int) -> None:
         """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""
@@ -224,8 +216,9 @@ class VerifyLoop:
         self.id_last = nxt
         self.k, self.a = k, a
 
-    def _emit(self, tok: int, source: Source) -> Generator[TokenEvent, None, bool]:
-        """Yield one token (the caller's time is kept apart); True when generation stops here."""
+    def _emit(self, tok: int, source: Source, row: int) -> Generator[TokenEvent, None, bool]:
+        """Yield one token, chosen at `row` of the last choice (the caller's time is kept apart);
+        True when generation stops here."""
         if self.is_eog(tok):
             self._stopped("eog")
             return True
@@ -233,7 +226,9 @@ class VerifyLoop:
         self.stats.n_tokens, self.stats.n_first = self.emitted, 1
         t = _now()
         self.suspended = True
-        yield TokenEvent(tok, self.utf8.decode(self.pieces(tok)), source, self.step)
+        probs: Optional[Probs] = self.chooser.probs[row] if self.chooser.probs else None
+        text = self.utf8.decode(self.pieces(tok))
+        yield TokenEvent(tok, text, source, self.step, *(probs or (None, ())))
         self.suspended = False
         self.t_consumer += _now() - t
         if self.emitted >= self.n_predict:
@@ -258,7 +253,7 @@ class VerifyLoop:
         st.t_draft_decode = self.drafter.t_decode
         st.n_draft_decode = self.drafter.n_decode
         self.policy.end(self.step)
-        self.sampler.close()
+        self.chooser.close()
 
 
 __all__ = ["VerifyLoop", "decode_prompt"]

@@ -330,6 +330,7 @@ class Runtime:
                 f"({cls.summary}): load it with `spec_type`={cls.name!r}"
             )
         prompt = self._checked_prompt(prompt_tokens)
+        self._check_choice(cfg)
         ctxs, d = self.contexts(cfg, cls)
         if len(prompt) > ctxs.n_ctx:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the context holds {ctxs.n_ctx} (`n_ctx`)")
@@ -370,6 +371,18 @@ class Runtime:
         finally:  # (one interrupted inside a decode leaves a memory not known)
             if (stats.finished or loop.suspended) and loop.decoded:
                 ctxs.held = Held(loop.decoded, d, loop.asleep)
+
+    def _check_choice(self, cfg: GenConfig) -> None:
+        """Refuse, naming the setting, a bias on a token outside the vocabulary or a grammar llama.cpp
+        cannot parse (before the generation starts: one line, not a failure mid-stream)."""
+        bad = [t for t, _ in cfg.logit_bias if t >= self.n_vocab]
+        if bad:
+            raise ConfigError(f"`logit_bias`: token {bad[0]} is outside the vocabulary (n_vocab {self.n_vocab})")
+        if cfg.grammar is not None:
+            try:
+                lx.Grammar(self.model, cfg.grammar).close()
+            except LlamaError as e:
+                raise ConfigError(f"`grammar`: {e}") from None
 
     def _checked_prompt(self, prompt_tokens: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_tokens]

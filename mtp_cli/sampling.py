@@ -13,7 +13,7 @@ drawn from exactly the distribution plain decoding draws from (same seed -> same
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 import numpy as np
@@ -46,32 +46,41 @@ class TokenSampler:
 
 
 class RowEdits:
-    """What llama.cpp's sampler chain does to a row before its other samplers: the EOG logit bias of
-    -inf (--ignore-eos), then the repeat penalty over the last `repeat_last_n` tokens (prompt included;
-    a logit <= 0 is multiplied by the penalty, one above 0 divided). Applied in place to the target's
-    own logits buffer, so greedy argmax and llama.cpp's sampler chain both choose from the edited rows;
-    row i of a verify batch is penalized for the tokens before it (history, then drafts[:i]), exactly
-    as plain decoding would have."""
+    """What llama.cpp's sampler chain does to a row before its other samplers: the logit biases (the
+    user's, and -inf on EOG tokens with --ignore-eos), then the penalties over the last
+    `repeat_last_n` tokens (prompt included): a seen token's logit <= 0 is multiplied by the repeat
+    penalty, one above 0 divided, then it loses frequency_penalty per time seen and presence_penalty
+    once. Applied in place to the target's own logits buffer, so greedy argmax and llama.cpp's
+    sampler chain both choose from the edited rows; row i of a verify batch is penalized for the
+    tokens before it (history, then drafts[:i]), exactly as plain decoding would have."""
 
     def __init__(self, cfg: GenConfig, eog_tokens: Sequence[int]):
         self.penalty = np.float32(cfg.repeat_penalty) if cfg.penalized else None
+        self.freq, self.presence = np.float32(cfg.frequency_penalty), np.float32(cfg.presence_penalty)
         self.last_n = cfg.repeat_last_n
-        self.eog = np.asarray(eog_tokens, dtype=np.int64) if cfg.ignore_eos and len(eog_tokens) else None
-        self.active = self.penalty is not None or self.eog is not None  # (read every step)
+        bias = dict(cfg.logit_bias)
+        if cfg.ignore_eos:
+            bias.update((int(t), -np.inf) for t in eog_tokens)
+        self.bias_ids = np.asarray(list(bias), dtype=np.int64)
+        self.bias = np.asarray(list(bias.values()), dtype=np.float32)
+        self.active = self.penalty is not None or len(self.bias_ids) > 0  # (read every step)
 
     def apply(self, rows: np.ndarray, history: Sequence[int], drafts: Sequence[int] = ()) -> None:
         """Edit rows[i] (the logits after history + drafts[:i]) in place."""
-        if self.eog is not None:
-            rows[:, self.eog] = -np.inf
+        if len(self.bias_ids):
+            rows[:, self.bias_ids] += self.bias
         if self.penalty is None:
             return
         n = self.last_n
         tail = [*history[-n:], *drafts]
         end0 = len(tail) - len(drafts)
         for i in range(rows.shape[0]):
-            seen = np.unique(np.asarray(tail[max(0, end0 + i - n) : end0 + i], dtype=np.int64))
+            seen, count = np.unique(
+                np.asarray(tail[max(0, end0 + i - n) : end0 + i], dtype=np.int64), return_counts=True
+            )
             row, v = rows[i], rows[i, seen]
-            row[seen] = np.where(v <= 0, v * self.penalty, v / self.penalty)
+            v = np.where(v <= 0, v * self.penalty, v / self.penalty)
+            row[seen] = v - count.astype(np.float32) * self.freq - self.presence
 
 
 def verify_greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
@@ -101,6 +110,91 @@ def verify_sampled(sampler: TokenSampler, ctx: lx.Context, rows: np.ndarray, dra
         return a, s
 
 
+VerifySampled = Callable[["TokenSampler", lx.Context, np.ndarray, Sequence[int]], tuple[int, int]]
+Probs = tuple[float, tuple[tuple[int, float], ...]]  # (log-probability, the top alternatives')
+
+
+class Chooser:
+    """How the target's token at each verified position is chosen, for one generation: the row
+    edits, then the grammar (GenConfig.grammar: one state, advanced by every chosen token, which is
+    every emitted one: a row is chosen only after the rows before it agreed with their drafts), then
+    greedy argmax or llama.cpp's sampler chain; with GenConfig.logprobs, `probs` holds each chosen
+    token's log-probability, in order, for the last `first`/`verify`."""
+
+    def __init__(self, model: lx.Model, cfg: GenConfig, eog_tokens: Sequence[int], verify_sampled: VerifySampled):
+        self.sampler = TokenSampler(temp=cfg.temp, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p, seed=cfg.seed)
+        self.edits = RowEdits(cfg, eog_tokens)
+        self.grammar = lx.Grammar(model, cfg.grammar) if cfg.grammar else None
+        self.n_top, self.verify_sampled = cfg.logprobs, verify_sampled
+        self.probs: list[Probs] = []
+
+    def first(self, ctx: lx.Context, index: int, row: np.ndarray, history: Sequence[int]) -> int:
+        """The token from the prompt's one output row (batch index `index`)."""
+        if self.edits.active:
+            self.edits.apply(row[None, :], history)
+        tok = self._pick(ctx, index, row) if self.grammar else self.sampler.sample(ctx, index, row)
+        self._probs(row[None, :], [tok])
+        return tok
+
+    def verify(
+        self, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int], history: Sequence[int]
+    ) -> tuple[int, int]:
+        """(drafts accepted, the target's next token) over a verify batch's rows (history: the tokens
+        before row 0, for the penalties)."""
+        if self.edits.active:
+            self.edits.apply(rows, history, drafts)
+        if self.grammar is not None:
+            a, nxt = self._in_order(ctx, rows, drafts)
+        elif self.sampler.greedy:
+            a, nxt = verify_greedy(rows, drafts)
+        else:
+            a, nxt = self.verify_sampled(self.sampler, ctx, rows, drafts)
+        self._probs(rows, [*drafts[:a], nxt])
+        return a, nxt
+
+    def _in_order(self, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
+        k, a = len(drafts), 0
+        while True:
+            s = self._pick(ctx, a, rows[a])
+            if a < k and s == drafts[a]:
+                a += 1
+                continue
+            return a, s
+
+    def _pick(self, ctx: lx.Context, index: int, row: np.ndarray) -> int:
+        """The grammar's choice at a row, which it then accepts (greedy: the argmax if allowed, a
+        one-candidate check, else the argmax of the masked row)."""
+        g = self.grammar
+        assert g is not None
+        tok = int(row.argmax()) if self.sampler.greedy and self.n_top is None else -1
+        if tok < 0 or not g.allows(tok):
+            g.mask(row)
+            tok = self.sampler.sample(ctx, index, row)
+        g.accept(tok)
+        return tok
+
+    def _probs(self, rows: np.ndarray, chosen: Sequence[int]) -> None:
+        if self.n_top is not None:
+            self.probs = [log_probs(rows[i], t, self.n_top) for i, t in enumerate(chosen)]
+
+    def close(self) -> None:
+        self.sampler.close()
+        if self.grammar is not None:
+            self.grammar.close()
+
+
+def log_probs(row: np.ndarray, token: int, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """`token`'s log-probability under the row's softmax, and the n_top most likely tokens' (best first)."""
+    m = float(row.max())
+    lse = m + float(np.log(np.exp(row - m, dtype=np.float64).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top:
+        idx = np.argpartition(-row, min(n_top, row.shape[0] - 1))[:n_top]
+        idx = idx[np.argsort(-row[idx], kind="stable")]
+        top = tuple((int(i), float(row[i]) - lse) for i in idx)
+    return float(row[token]) - lse, top
+
+
 class ConfidenceProbe:
     """The softmax maximum of a logits row (the draft's top probability, for --spec-draft-p-min),
     computed in a reusable scratch buffer: no vocab-sized allocation per draft token."""
@@ -116,4 +210,14 @@ class ConfidenceProbe:
         return float(1.0 / buf.sum(dtype=np.float64))
 
 
-__all__ = ["TokenSampler", "RowEdits", "ConfidenceProbe", "verify_greedy", "verify_sampled"]
+__all__ = [
+    "Chooser",
+    "Probs",
+    "VerifySampled",
+    "TokenSampler",
+    "RowEdits",
+    "ConfidenceProbe",
+    "verify_greedy",
+    "verify_sampled",
+    "log_probs",
+]

@@ -19,6 +19,8 @@ class TokenEvent:
     text: str  # this token's share of the UTF-8 text ("" while a multi-byte character is incomplete)
     source: Source
     step: int  # verify pass that produced it (0: sampled from the prompt's logits)
+    logprob: Optional[float] = None  # its log-probability (GenConfig.logprobs set)
+    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens there, with theirs
 
 
 # summed when pooling; everything else is derived, or (spec_type, stop_reason, n_max) describes the run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -237,8 +238,9 @@ def test_prompt_bytes_stdin_and_bom(tiny, tmp_path):
 @pytest.mark.parametrize(
     "cmd, flags",
     [
-        ("generate", ["--presence-penalty", "0.5"]),
-        ("generate", ["--grammar", "root ::= x"]),
+        ("tune", ["--presence-penalty", "0.5"]),
+        ("bench", ["--grammar", "root ::= x"]),
+        ("bench", ["-jf", "schema.json"]),
         ("tune", ["-ctk", "q8_0"]),
         ("bench", ["--ignore-eos"]),
         ("bench", ["-ub", "64"]),
@@ -416,3 +418,34 @@ def test_flag_defaults_are_the_configs(command):
             assert got == want, (command, p.name, got, want)
             checked += 1
     assert checked >= 15, checked
+
+
+def test_grammar_schema_bias_and_penalty_flags_as_llama_cpp_spells_them(tiny, tmp_path):
+    """--grammar / --grammar-file / -j / -jf constrain the output (drafting changes nothing), -l biases
+    a token, --presence-penalty / --frequency-penalty reach the sampler; bad values are one line."""
+    base = ["-m", str(tiny["full"]), "-p", "hello world", "-n", "40", "--temp", "0", "-t", "1"]
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "g.gbnf").write_text('root ::= ("hello" | " world")+')
+    outs = {}
+    for flags in (
+        ["-j", json.dumps(schema)],
+        ["-jf", str(tmp_path / "s.json")],
+        ["--grammar-file", str(tmp_path / "g.gbnf")],
+    ):
+        for spec in (["--spec-type", "none"], ["--spec-type", "mtp", "--spec-draft-n-max", "3"]):
+            outs.setdefault(flags[0], set()).add(gen_json(*base, *flags, *spec)["text"])
+    assert all(len(v) == 1 for v in outs.values()), outs
+    assert json.loads(outs["-j"].pop()) in ({"ok": True}, {"ok": False}) and outs["-jf"]
+    assert set(re.findall(r"hello| world", outs["--grammar-file"].pop())) <= {"hello", " world"}
+    biased = gen_json(*base, "-l", "5+100", "--presence-penalty", "0.5", "--frequency-penalty", "0.5")
+    assert biased["text"] and biased["stats"]["n_tokens"] == 40
+    for flags, says in (
+        (["-l", "5*2"], "TOKEN_ID(+/-)BIAS"),
+        (["-j", "{not json"], "-j"),
+        (["--grammar", "root ::= ("], "does not parse"),
+        (["--grammar", "root ::= x", "-j", "{}"], "give one of --grammar"),
+        (["-jf", str(tmp_path / "missing.json")], "cannot read it"),
+    ):
+        r = run(*base, *flags)
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, (flags, r.output)

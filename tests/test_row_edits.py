@@ -20,9 +20,11 @@ from tests.factory import TinySpec, token_permutation
 from tests.parity import PROMPT, SENSITIVE, THREADS, greedy, run
 
 
-def _llama_penalized(row: np.ndarray, history: list[int], last_n: int, penalty: float) -> np.ndarray:
+def _llama_penalized(
+    row: np.ndarray, history: list[int], last_n: int, penalty: float, freq: float = 0.0, presence: float = 0.0
+) -> np.ndarray:
     """`row` through llama.cpp's penalties sampler after it accepted `history`."""
-    smpl = C.llama_sampler_init_penalties(len(row), last_n, penalty, 0.0, 0.0)
+    smpl = C.llama_sampler_init_penalties(len(row), last_n, penalty, freq, presence)
     try:
         for t in history:
             C.llama_sampler_accept(smpl, t)

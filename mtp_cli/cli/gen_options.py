@@ -3,8 +3,10 @@ how they become a GenConfig and a draft length."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,7 +17,8 @@ from mtp_cli.cli.app import MtpCommand
 from mtp_cli.cli.llama_flags import load_mode_of, placement_of
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, parse_logit_bias
+from mtp_cli.errors import ConfigError
 
 
 class SpecTypeParam(click.ParamType):
@@ -128,6 +131,8 @@ def gen_config(opts: dict[str, Any]) -> GenConfig:
     values = {f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}
     mode, n = parse_draft_n(opts["draft_n_max"])
     values.update(
+        logit_bias=parse_logit_bias(opts.get("logit_bias") or (), "logit_bias"),
+        grammar=grammar_of(opts),
         draft_mode=mode,
         draft_n_max=_D.draft_n_max if n is None else n,
         spec_type=opts["spec_type"] or ("mtp" if mode != "fixed" else "none"),
@@ -138,6 +143,33 @@ def gen_config(opts: dict[str, Any]) -> GenConfig:
     if values.get("seed", _D.seed) == -1 and values.get("temp", _D.temp) > 0:
         values["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
     return GenConfig(**values)
+
+
+def grammar_of(opts: dict[str, Any]) -> str | None:
+    """The GBNF the options give: --grammar, --grammar-file, or -j / -jf's JSON schema turned into
+    one (llama-server's conversion); at most one of them."""
+    given = [k for k in ("grammar", "grammar_file", "json_schema", "json_schema_file") if opts.get(k)]
+    if len(given) > 1:
+        raise click.UsageError("give one of --grammar, --grammar-file, -j and -jf")
+    if not given:
+        return None
+    key = given[0]
+    text = _read(opts[key], key) if key.endswith("_file") else str(opts[key])
+    if key.startswith("grammar"):
+        return text
+    from mtp_cli import llama_ext as lx
+
+    try:
+        return lx.json_schema_grammar(json.loads(text))
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"`json_schema`: {e}") from None
+
+
+def _read(path: Path, name: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"`{name}` {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
 
 
 DEMO_REPEAT_PENALTY = 1.1

@@ -6,6 +6,7 @@ that `-ctk q8_0` is refused by name instead of being read as `-c tk`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -56,8 +57,11 @@ UNSUPPORTED = (
     (("--ignore-eos",), False),
     (("--presence-penalty",), True),
     (("--frequency-penalty",), True),
+    (("-l", "--logit-bias"), True),
     (("--grammar",), True),
+    (("--grammar-file",), True),
     (("-j", "--json-schema"), True),
+    (("-jf", "--json-schema-file"), True),
 )
 _REFUSAL = "unsupported_"
 
@@ -123,6 +127,41 @@ kv_and_sampling = stack(
         is_flag=True,
         default=_D.ignore_eos,
         help="Never end at an end-of-generation token.",
+    ),
+    click.option(
+        "--presence-penalty",
+        "presence_penalty",
+        type=float,
+        default=_D.presence_penalty,
+        show_default=True,
+        help="Subtracted once from a token among the last --repeat-last-n (0: off).",
+    ),
+    click.option(
+        "--frequency-penalty",
+        "frequency_penalty",
+        type=float,
+        default=_D.frequency_penalty,
+        show_default=True,
+        help="Subtracted per time a token appears among the last --repeat-last-n (0: off).",
+    ),
+    click.option(
+        "-l",
+        "--logit-bias",
+        "logit_bias",
+        multiple=True,
+        default=(),
+        metavar="TOKEN_ID(+/-)BIAS",
+        help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-inf (repeat the flag for more).",
+    ),
+    click.option(
+        "--grammar", "grammar", metavar="GBNF", help="Constrain the output to this grammar (llama.cpp's GBNF)."
+    ),
+    click.option("--grammar-file", "grammar_file", type=click.Path(path_type=Path), help="--grammar from a file."),
+    click.option(
+        "-j", "--json-schema", "json_schema", metavar="SCHEMA", help="Constrain the output to this JSON schema."
+    ),
+    click.option(
+        "-jf", "--json-schema-file", "json_schema_file", type=click.Path(path_type=Path), help="-j from a file."
     ),
 )
 

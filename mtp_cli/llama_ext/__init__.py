@@ -29,6 +29,7 @@ from mtp_cli.llama_ext.decode import (
     memory_seq_rm,
 )
 from mtp_cli.llama_ext.devices import Device, devices
+from mtp_cli.llama_ext.grammar import JSON_GRAMMAR, Grammar, json_schema_grammar
 from mtp_cli.llama_ext.handles import Context, Model, ModelInfo, Sampler
 from mtp_cli.llama_ext.models import (
     CTX_TYPE_MTP,
@@ -73,6 +74,9 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "Grammar",
+    "JSON_GRAMMAR",
+    "json_schema_grammar",
     "Model",
     "Context",
     "Sampler",
