@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +30,7 @@ from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig, Placement
+from mtp_cli.contexts import Contexts, ContextSettings
 from mtp_cli.drafters import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.loop import VerifyLoop
@@ -50,46 +51,6 @@ def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
         return gf
     except BadFileError as e:
         raise ModelFileError(f"{role}: {e}") from None
-
-
-@dataclass(frozen=True)
-class ContextSettings:
-    """What the target context (and every drafter on it) is created with: a generation whose
-    settings differ gets new contexts. Derived from the config and two facts of the model."""
-
-    n_ctx: int
-    n_batch: int
-    n_threads: Optional[int]
-    n_rs_seq: int  # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
-    kv: lx.KvOptions
-
-    @classmethod
-    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool) -> ContextSettings:
-        n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
-        n_ubatch = cfg.n_ubatch
-        if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
-            # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
-            log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
-            n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
-        return cls(cfg.n_ctx or n_ctx_train, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv)
-
-
-@dataclass
-class Contexts:
-    """The target context for one set of context settings, and one drafter per spec type on it."""
-
-    key: ContextSettings
-    target: lx.Context
-    n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
-    drafters: dict[str, Drafter] = field(default_factory=dict)
-    held: Optional[Held] = None  # what the last generation left in the target's memory
-
-    def close(self) -> None:
-        for d in self.drafters.values():
-            d.close()
-        self.drafters.clear()
-        self.target.close()  # (a context still reading its memory is closed first)
 
 
 class Runtime:
@@ -200,6 +161,10 @@ class Runtime:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return lx.detokenize(self.model, list(tokens))
+
+    def piece(self, token: int) -> bytes:
+        """A token's text as bytes (a multi-byte character may span tokens)."""
+        return self._pieces(token)
 
     def special_texts(self) -> tuple[str, str]:
         """The BOS and EOS tokens' texts ("" when the vocabulary has none), as chat templates spell them."""

@@ -196,7 +196,7 @@ def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
         ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "unsupported parameter `frobnicate`"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "`n` must be 1"),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools`"),
-        ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "hi"}], "mirostat": 2}, 400, "`mirostat`"),
         ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 5}, 400, "`presence_penalty`"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -392,7 +392,7 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
         ([], "".join(pieces)),
     ):
         sent: list = []
-        text, cut = _stream(gen(), Job(None, sent.append), stops)  # type: ignore[arg-type]
+        text, cut, _ = _stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
         assert text == want and cut == bool(stops) and "".join(d.text for d in sent if isinstance(d, Delta)) == want
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from collections.abc import Iterator
+from typing import Literal
 
+import pydantic
 import pytest
 
 pytest.importorskip("fastapi")
@@ -200,3 +203,86 @@ def test_a_body_without_a_json_content_type_is_read_as_json(served):
         doc = json.loads(r.read())
         c.close()
         assert r.status == 200 and doc["usage"]["completion_tokens"] == 2, doc
+
+
+class Answer(pydantic.BaseModel):
+    ok: bool
+    word: Literal["hello", "world"]
+    n: int
+
+
+def _plain(served, messages, **cfg) -> str:
+    """The same chat through the runtime without drafting (the server drafts with MTP)."""
+    from mtp_cli.session import Session
+
+    rt = served.engine.rt  # (the worker is idle between these synchronous requests)
+    served.engine.session._last = None  # (this run changes the memory under the server's session)
+    gen = rt.generate(Session(rt).chat(messages).tokens, GenConfig(n_ctx=N_CTX, n_threads=1, temp=0.0, **cfg))
+    return "".join(e.text for e in gen)
+
+
+def test_structured_output_with_parse_a_pydantic_model_and_json_object(served):
+    """client.chat.completions.parse (json_schema, strict) gives a valid object, the same text as plain
+    decoding under the same grammar; json_object gives JSON; llama-server's own fields too."""
+    c = served.client()
+    msgs = [{"role": "user", "content": "the cat"}]
+    r = c.chat.completions.parse(model="m", messages=msgs, response_format=Answer, temperature=0, max_tokens=60)
+    got = r.choices[0].message
+    assert isinstance(got.parsed, Answer) and r.choices[0].finish_reason == "stop"
+    schema = Answer.model_json_schema()
+    from mtp_cli import llama_ext as lx
+
+    assert got.content == _plain(served, msgs, n_predict=60, grammar=lx.json_schema_grammar(schema))
+    assert r.model_extra["mtp"]["drafted"] > 0
+    j = _ask(c, msgs, response_format={"type": "json_object"}, max_tokens=60)
+    assert j.choices[0].finish_reason == "stop" and isinstance(json.loads(j.choices[0].message.content), dict)
+    g = _ask(c, msgs, max_tokens=10, extra_body={"grammar": 'root ::= ("hello" | " world")+'})
+    assert set(re.findall(r"hello| world", g.choices[0].message.content)) <= {"hello", " world"}
+    k = _ask(c, msgs, max_tokens=60, extra_body={"json_schema": schema})
+    assert Answer.model_validate_json(k.choices[0].message.content)
+    for bad, says in (
+        ({"response_format": {"type": "json_schema"}}, "`response_format` takes"),
+        ({"extra_body": {"grammar": "root ::= ("}}, "does not parse"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"grammar": "root ::= x"}}, "give one of"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=re.escape(says)):
+            _ask(c, msgs, **bad)
+
+
+def test_logprobs_chat_and_completions_streamed_or_not(served):
+    c = served.client()
+    msgs = [{"role": "user", "content": "the cat"}]
+    r = _ask(c, msgs, logprobs=True, top_logprobs=2, max_tokens=6)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6 and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in content)
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == r.choices[0].message.content
+    assert all(e.top_logprobs[0].token == e.token for e in content)  # (greedy: the most likely)
+    streamed = [ch for ch in _ask(c, msgs, logprobs=True, top_logprobs=2, max_tokens=6, stream=True) if ch.choices]
+    entries = [e for ch in streamed if ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.token for e in entries] == [e.token for e in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-2 for a, b in zip(entries, content))
+    plain = _ask(c, msgs, max_tokens=6)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == r.choices[0].message.content
+    t = c.completions.create(model="m", prompt="the cat", max_tokens=5, temperature=0, logprobs=3)
+    lp = t.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5 and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == t.choices[0].text and all(len(d) <= 3 for d in lp.top_logprobs)
+
+
+def test_logit_bias_and_penalties(served):
+    c = served.client()
+    msgs = [{"role": "user", "content": "the cat"}]
+    from mtp_cli.session import Session
+
+    rt = served.engine.rt
+    served.engine.session._last = None
+    first = next(iter(rt.generate(Session(rt).chat(msgs).tokens, GenConfig(n_ctx=N_CTX, temp=0.0, n_predict=1))))
+    base = _ask(c, msgs, max_tokens=8, logprobs=True)
+    banned = _ask(c, msgs, max_tokens=8, logprobs=True, logit_bias={str(first.token): -100})
+    assert bytes(base.choices[0].logprobs.content[0].bytes) == rt.piece(first.token)
+    assert bytes(banned.choices[0].logprobs.content[0].bytes) != rt.piece(first.token)
+    pen = _ask(c, msgs, max_tokens=20, frequency_penalty=1.5, presence_penalty=1.0, extra_body={"ignore_eos": True})
+    want = _plain(served, msgs, n_predict=20, frequency_penalty=1.5, presence_penalty=1.0, ignore_eos=True)
+    assert pen.choices[0].message.content == want
+    with pytest.raises(openai.BadRequestError, match="token ids"):
+        _ask(c, msgs, logit_bias={"abc": 1})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Optional, Union
 
 from fastapi import Depends, FastAPI, Request
@@ -21,7 +21,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtp_cli.errors import MtpError
-from mtp_cli.serve.engine import ContextLengthError, Delta, Done, Engine, Event, Failed, Job, Started, model_info, now
+from mtp_cli.serve.engine import (
+    ContextLengthError,
+    Delta,
+    Done,
+    Engine,
+    Event,
+    Failed,
+    Job,
+    Started,
+    TokenProb,
+    model_info,
+    now,
+)
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, request_name
 
 
@@ -200,27 +212,58 @@ def _usage(first: Started, done: Done) -> dict[str, Any]:
     }
 
 
-def _choice(obj: str, text: Optional[str], finish: Optional[str], *, delta: bool, role: bool = False) -> dict:
+def _logprobs(obj: str, probs: Optional[Sequence[TokenProb]], offset: int = 0) -> Optional[dict[str, Any]]:
+    """The choice's `logprobs` as the endpoint spells them (None: not asked)."""
+    if probs is None:
+        return None
+    if obj == "chat.completion":
+
+        def entry(text: str, raw: bytes, lp: float) -> dict[str, Any]:
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+        content = [{**entry(p.text, p.raw, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
+        return {"content": content, "refusal": None}
+    offsets = []
+    for p in probs:
+        offsets.append(offset)
+        offset += len(p.text)
+    return {
+        "tokens": [p.text for p in probs],
+        "token_logprobs": [p.logprob for p in probs],
+        "top_logprobs": [{t[0]: t[2] for t in p.top} for p in probs],
+        "text_offset": offsets,
+    }
+
+
+def _choice(
+    obj: str,
+    text: Optional[str],
+    finish: Optional[str],
+    *,
+    delta: bool,
+    role: bool = False,
+    logprobs: Optional[dict[str, Any]] = None,
+) -> dict:
     if obj == "chat.completion":
         if delta:
             d: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 d["content"] = text
-            return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
         return {
             "index": 0,
             "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish,
         }
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 
 def _whole(head: dict[str, Any], obj: str, first: Started, done: Done) -> dict[str, Any]:
     return {
         **head,
         "object": obj,
-        "choices": [_choice(obj, done.text, done.finish_reason, delta=False)],
+        "choices": [_choice(obj, done.text, done.finish_reason, delta=False, logprobs=_logprobs(obj, done.probs))],
         "usage": _usage(first, done),
         "mtp": done.mtp,
         "timings": done.timings,
@@ -242,13 +285,16 @@ async def _sse(
     def chunk(choices: list[dict], **extra: Any) -> str:
         return f"data: {json.dumps({**head, 'object': kind, 'choices': choices, **extra})}\n\n"
 
+    offset = 0
     try:
         if obj == "chat.completion":
             yield chunk([_choice(obj, "", None, delta=True, role=True)])
         while True:
             ev = await events.get()
             if isinstance(ev, Delta):
-                yield chunk([_choice(obj, ev.text, None, delta=True)])
+                lps = _logprobs(obj, ev.probs, offset) if ev.probs else None
+                offset += len(ev.text)
+                yield chunk([_choice(obj, ev.text, None, delta=True, logprobs=lps)])
             elif isinstance(ev, Done):
                 usage = {"usage": _usage(first, ev), "mtp": ev.mtp, "timings": ev.timings}
                 finish = [_choice(obj, None, ev.finish_reason, delta=True)]

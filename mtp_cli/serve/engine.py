@@ -30,7 +30,7 @@ from mtp_cli.runtime import Runtime
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
 from mtp_cli.session import Prompt, Session
 from mtp_cli.speed.auto import AutoDraft, Resolved
-from mtp_cli.stats import Generation, GenStats
+from mtp_cli.stats import Generation, GenStats, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,19 @@ class Started:
 
 
 @dataclass(frozen=True)
+class TokenProb:
+    """One generated token's log-probability and its most likely alternatives', as text and bytes."""
+
+    text: str
+    raw: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...]
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
+    probs: tuple[TokenProb, ...] = ()  # (the tokens since the last delta, when log-probabilities are asked)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class Done:
     stats: GenStats
     mtp: dict[str, Any]
     timings: dict[str, Any]
+    probs: Optional[tuple[TokenProb, ...]] = None  # (every token's, when log-probabilities are asked)
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ class Engine:
         res = self.auto.resolve(cfg)
         gen = self.session.generate(prompt, res.config, res.policy)
         job.emit(Started(n_prompt, gen.stats.n_cached))
-        text, cut = _stream(gen, job, req.stop_strings())
+        text, cut, probs = _stream(gen, job, req.stop_strings(), self._prob)
         st = gen.stats
         rec = Record(
             job.id,
@@ -210,7 +222,16 @@ class Engine:
         _log(rec, st.spec_type)
         if not job.cancelled.is_set():
             finish = "stop" if cut else FINISH.get(str(st.stop_reason), "stop")
-            job.emit(Done(text, finish, st, _figures(st, res, cfg), timings(st)))
+            asked = res.config.logprobs is not None
+            job.emit(Done(text, finish, st, _figures(st, res, cfg), timings(st), probs if asked else None))
+
+    def _prob(self, ev: TokenEvent) -> TokenProb:
+        def said(token: int) -> tuple[str, bytes]:
+            raw = self.rt.piece(token)
+            return raw.decode("utf-8", "replace"), raw
+
+        alts = tuple((*said(t), lp) for t, lp in ev.top)
+        return TokenProb(*said(ev.token), float(ev.logprob or 0.0), alts)
 
     def _check_size(self, n_chars: int) -> None:
         """Refuse a prompt text too long for the context before tokenizing it (each token covers at
@@ -229,15 +250,21 @@ class Engine:
         return self.session.ids(req.prompt_ids()) if text is None else self.session.text(text)
 
 
-def _stream(gen: Generation, job: Job, stops: list[str]) -> tuple[str, bool]:
+def _stream(
+    gen: Generation, job: Job, stops: list[str], prob: Callable[[TokenEvent], TokenProb]
+) -> tuple[str, bool, tuple[TokenProb, ...]]:
     """Run the generation, emitting text as it comes (holding back what could begin a stop string);
-    (the text, whether a stop string cut it)."""
+    (the text, whether a stop string cut it, the tokens' log-probabilities when asked)."""
     out, sent, cut = "", 0, False
+    probs: list[TokenProb] = []
+    told = 0  # (probs already sent with a delta)
     hold = max((len(s) for s in stops), default=1) - 1
     try:
         for ev in gen:
             if job.cancelled.is_set():
                 break
+            if ev.logprob is not None:
+                probs.append(prob(ev))
             lo = max(0, len(out) - hold)
             out += ev.text
             if stops:
@@ -247,13 +274,13 @@ def _stream(gen: Generation, job: Job, stops: list[str]) -> tuple[str, bool]:
                     break
             upto = len(out) - hold
             if upto > sent:
-                job.emit(Delta(out[sent:upto]))
-                sent = upto
+                job.emit(Delta(out[sent:upto], tuple(probs[told:])))
+                sent, told = upto, len(probs)
     finally:
         gen.close()
-    if len(out) > sent and not job.cancelled.is_set():
-        job.emit(Delta(out[sent:]))
-    return out, cut
+    if (len(out) > sent or len(probs) > told) and not job.cancelled.is_set():
+        job.emit(Delta(out[sent:], tuple(probs[told:])))
+    return out, cut, tuple(probs)
 
 
 def _figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:

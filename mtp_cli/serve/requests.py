@@ -8,10 +8,13 @@ refused by name (400), and so is a field neither API knows (a misspelling is not
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Union
 
 from pydantic import Field
 
+from mtp_cli import llama_ext as lx
+from mtp_cli.config import MAX_LOGPROBS
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
 
@@ -61,7 +64,10 @@ class Sampling(Strict):
     n: Optional[int] = 1
     presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id -> bias (-100: never, as OpenAI's)
+    grammar: Optional[str] = None  # (llama-server's: GBNF)
+    json_schema: Optional[dict[str, Any]] = None  # (llama-server's)
+    n_probs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # (llama-server's)
     # bookkeeping fields that change nothing in the output
     user: Optional[str] = None
     store: Optional[bool] = None
@@ -81,15 +87,15 @@ class Sampling(Strict):
         """The first field set to something mtp-cli does not do, said in one line; None if none."""
         if self.n not in (None, 1):
             return f"`n` must be 1 (one completion per request), got {self.n}"
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return f"`{name}` is not supported (use `repeat_penalty`)"
-        if self.logit_bias:
-            return "`logit_bias` is not supported"
+        bad = [k for k in self.logit_bias or {} if not k.strip().isdigit()]
+        if bad:
+            return f"`logit_bias` keys are token ids, got {bad[0]!r}"
         if self.typical_p not in (None, 1.0):
             return "`typical_p` is not supported (only 1: off)"
         if self.mirostat not in (None, 0):
             return "`mirostat` is not supported (only 0: off)"
+        if sum(x is not None for x in (self.grammar, self.json_schema, self.output_format())) > 1:
+            return "give one of `grammar`, `json_schema` and `response_format`"
         stops = self.stop_strings()
         if len(stops) > MAX_STOP or any(not s for s in stops):
             return f"`stop` takes 1 to {MAX_STOP} non-empty strings"
@@ -111,7 +117,41 @@ class Sampling(Strict):
         """The GenConfig fields this request sets (the server's own settings fill the rest)."""
         pairs = {cfg: getattr(self, field) for field, cfg in CONFIG_FIELD.items() if field != "max_tokens"}
         pairs["n_predict"] = self.requested_tokens()
+        pairs["presence_penalty"], pairs["frequency_penalty"] = self.presence_penalty, self.frequency_penalty
+        if self.logit_bias:  # (OpenAI's -100 bans a token: llama.cpp's -inf)
+            pairs["logit_bias"] = tuple((int(k), -math.inf if v <= -100 else v) for k, v in self.logit_bias.items())
+        pairs["grammar"] = self.grammar_text()
+        pairs["logprobs"] = self.logprob_count()
         return {k: v for k, v in pairs.items() if v is not None}
+
+    def output_format(self) -> Optional[dict[str, Any]]:
+        """response_format, where the endpoint has one and it asks for more than text."""
+        return None
+
+    def grammar_text(self) -> Optional[str]:
+        """The GBNF the output must follow: `grammar`, or `json_schema` / `response_format` turned into one."""
+        if self.grammar is not None:
+            return self.grammar
+        fmt = self.output_format()
+        schema: Any = self.json_schema
+        if fmt is not None:
+            kind = fmt.get("type")
+            if kind == "json_object":
+                return lx.JSON_GRAMMAR
+            spec = fmt.get("json_schema")
+            if kind != "json_schema" or not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ConfigError("`response_format` takes text, json_object or json_schema with a `schema` object")
+            schema = spec["schema"]
+        if schema is None:
+            return None
+        try:
+            return lx.json_schema_grammar(schema)
+        except ValueError as e:
+            raise ConfigError(f"`{'response_format' if fmt else 'json_schema'}`: {e}") from None
+
+    def logprob_count(self) -> Optional[int]:
+        """How many alternatives to report with each token's log-probability (None: no log-probabilities)."""
+        return self.n_probs or None
 
     def texts_size(self) -> int:
         """Characters of the request's prompt text (a bound on its tokens, checked before tokenizing)."""
@@ -141,10 +181,6 @@ class ChatRequest(Sampling):
     def unsupported(self) -> Optional[str]:
         if self.tools or self.functions or self.tool_choice not in (None, "none", "auto"):
             return "`tools` are not supported"
-        if self.response_format not in (None, {"type": "text"}):
-            return '`response_format` supports only {"type": "text"}'
-        if self.logprobs or self.top_logprobs:
-            return "`logprobs` is not supported"
         if self.modalities and set(self.modalities) - {"text"}:
             return f"`modalities`: this model writes text only, got {self.modalities}"
         if self.audio:
@@ -157,6 +193,14 @@ class ChatRequest(Sampling):
 
     def requested_tokens(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else super().requested_tokens()
+
+    def output_format(self) -> Optional[dict[str, Any]]:
+        return self.response_format if self.response_format not in (None, {"type": "text"}) else None
+
+    def logprob_count(self) -> Optional[int]:
+        if self.logprobs or self.top_logprobs:
+            return self.top_logprobs or 0
+        return super().logprob_count()
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template takes them."""
@@ -180,12 +224,13 @@ class CompletionRequest(Sampling):
             return "`suffix` is not supported"
         if self.best_of not in (None, 1):
             return "`best_of` must be 1"
-        if self.logprobs:
-            return "`logprobs` is not supported"
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
             if len(self.prompt) != 1:
                 return f"`prompt`: one prompt per request, got {len(self.prompt)}"
         return super().unsupported()
+
+    def logprob_count(self) -> Optional[int]:
+        return self.logprobs if self.logprobs is not None else super().logprob_count()
 
     def prompt_text(self) -> Optional[str]:
         """The prompt as text, or None when it was given as token ids."""

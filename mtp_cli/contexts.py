@@ -1,0 +1,58 @@
+"""The contexts one runtime keeps: the target context for one set of context settings, the drafters on
+it, and what the last generation left in its memory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mtp_cli import llama_ext as lx
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters import Drafter
+from mtp_cli.memory import Held
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What the target context (and every drafter on it) is created with: a generation whose
+    settings differ gets new contexts. Derived from the config and two facts of the model."""
+
+    n_ctx: int
+    n_batch: int
+    n_threads: Optional[int]
+    n_rs_seq: int  # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
+    kv: lx.KvOptions
+
+    @classmethod
+    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool) -> ContextSettings:
+        n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
+        n_ubatch = cfg.n_ubatch
+        if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
+            # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
+            log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
+            n_ubatch = n_rs + 2
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
+        return cls(cfg.n_ctx or n_ctx_train, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv)
+
+
+@dataclass
+class Contexts:
+    """The target context for one set of context settings, and one drafter per spec type on it."""
+
+    key: ContextSettings
+    target: lx.Context
+    n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    held: Optional[Held] = None  # what the last generation left in the target's memory
+
+    def close(self) -> None:
+        for d in self.drafters.values():
+            d.close()
+        self.drafters.clear()
+        self.target.close()  # (a context still reading its memory is closed first)
+
+
+__all__ = ["Contexts", "ContextSettings"]
