@@ -3,7 +3,7 @@ conversation, and the text a held conversation adds for its next turn (mtp_cli.s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -14,26 +14,34 @@ _MARK = "\x00mtp-cli-end-of-answer\x00"  # where an answer's text ends in a rend
 _OPEN = "\x00mtp-cli-open-answer\x00"  # where a trailing assistant message is cut to be continued
 
 
-def render(gf: GGUFFile, messages: list[Any], bos: str, eos: str) -> str:
+def render(gf: GGUFFile, messages: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None) -> str:
     """`messages` rendered, ending where the assistant's answer begins; when the last message is the
-    assistant's own, where its text ends (the answer continues it, as llama-server's prefill does)."""
+    assistant's own, where its text ends (the answer continues it, as llama-server's prefill does).
+    `extra`: the template's other variables (`tools`, `enable_thinking`, ...)."""
     last = messages[-1] if messages else {}
     if last.get("role") != "assistant":
-        return _formatted(gf, messages, bos, eos, True)
+        return _formatted(gf, messages, bos, eos, True, extra)
     opened = [*messages[:-1], {**last, "content": str(last.get("content") or "") + _OPEN}]
-    text = _formatted(gf, opened, bos, eos, False)
+    text = _formatted(gf, opened, bos, eos, False, extra)
     if _OPEN not in text:
         raise ChatTemplateError(f"{gf.path}: the chat template drops the assistant's text: it cannot be continued")
     return text.split(_OPEN, 1)[0]
 
 
-def _formatted(gf: GGUFFile, messages: list[Any], bos: str, eos: str, add_generation_prompt: bool) -> str:
+def template_of(gf: GGUFFile) -> str:
     template = gf.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():
         raise ChatTemplateError(f"{gf.path}: no chat template (tokenizer.chat_template); drop `chat`")
+    return template
+
+
+def _formatted(
+    gf: GGUFFile, messages: list[Any], bos: str, eos: str, add_generation_prompt: bool, extra: Optional[dict[str, Any]]
+) -> str:
+    template = template_of(gf)
     try:
         fmt = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
-        return fmt(messages=messages).prompt
+        return fmt(messages=messages, **(extra or {})).prompt
     except Exception as e:  # a template is code from the file: report its failure in one line
         raise ChatTemplateError(f"{gf.path}: the chat template failed to render: {e}") from None
 
@@ -46,13 +54,15 @@ def chat_prompt(gf: GGUFFile, user: str, bos: str, eos: str, system: str | None 
     return render(gf, [*messages, {"role": "user", "content": user}], bos, eos)
 
 
-def continuation(gf: GGUFFile, answered: list[Any], new: list[Any], bos: str, eos: str) -> str:
+def continuation(
+    gf: GGUFFile, answered: list[Any], new: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None
+) -> str:
     """The template's text from the end of `answered`'s last message (the assistant's answer, as it
     was generated) through `new` messages, ending where the next answer begins: what a conversation
     held as tokens adds for its next turn."""
     last = answered[-1]
     marked = [*answered[:-1], {**last, "content": last["content"] + _MARK}, *new]
-    text = render(gf, marked, bos, eos)
+    text = render(gf, marked, bos, eos, extra)
     if _MARK not in text:
         raise ChatTemplateError(f"{gf.path}: the chat template drops the assistant's answers")
     return text.split(_MARK, 1)[1]

@@ -38,6 +38,7 @@ class Prompt:
     tokens: list[int]
     messages: Optional[list[Message]] = None  # ending where the answer begins (or continues)
     text: Optional[str] = None
+    extra: Optional[dict[str, Any]] = None  # the template's other variables (tools, ...)
 
     def answered(self, answer: str) -> list[Message]:
         """The conversation once `answer` is given: a trailing assistant message continued by it, else
@@ -62,21 +63,22 @@ class Session:
         self.rt = rt
         self._last: Optional[_Turn] = None
 
-    def chat(self, messages: Sequence[Message]) -> Prompt:
+    def chat(self, messages: Sequence[Message], extra: Optional[dict[str, Any]] = None) -> Prompt:
+        """The prompt for `messages` (`extra`: the template's other variables, e.g. `tools`)."""
         msgs = [dict(m) for m in messages]
         if not msgs:
             raise ConfigError("`messages` is empty")
         bos, eos = self.rt.special_texts()
         t = self._last  # (the runtime keeps what its memory really holds of the tokens built from it)
-        if t is not None and t.prompt.messages is not None:
+        if t is not None and t.prompt.messages is not None and t.prompt.extra == extra:
             held = t.prompt.answered(t.gen.text)
             if len(msgs) > len(held) and msgs[: len(held)] == held:
                 with contextlib.suppress(ChatTemplateError):  # (a template that drops answers: whole)
-                    more = continuation(self.rt.file, held, msgs[len(held) :], bos, eos)
+                    more = continuation(self.rt.file, held, msgs[len(held) :], bos, eos, extra)
                     toks = self.rt.tokenize(more, add_special=False, parse_special=True)
-                    return Prompt(t.prompt.tokens + t.gen.tokens + toks, msgs)
-        text = render(self.rt.file, msgs, bos, eos)
-        return Prompt(self.rt.tokenize(text, add_special=True, parse_special=True), msgs)
+                    return Prompt(t.prompt.tokens + t.gen.tokens + toks, msgs, extra=extra)
+        text = render(self.rt.file, msgs, bos, eos, extra)
+        return Prompt(self.rt.tokenize(text, add_special=True, parse_special=True), msgs, extra=extra)
 
     def text(self, text: str) -> Prompt:
         if not text:

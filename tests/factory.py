@@ -135,6 +135,8 @@ class TinySpec:
     trunk_mix: float = 0.02  # scale of attention/SSM-output/FFN-down (residual branches)
     head_noise: float = 0.0  # gaussian noise on the head's eh_proj (0 = exact bigram head)
 
+    chat_template: str = ""  # "" : CHAT_TEMPLATE
+
     # layout options
     head_optional: bool = False  # also write nextn.embed_tokens / shared_head_head / shared_head_norm
     tied_output: bool = False  # no output.weight (llama.cpp then uses token_embd)
@@ -445,7 +447,7 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
 
     add_tiny_vocab(w)
     w.add_add_space_prefix(True)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(spec.chat_template or CHAT_TEMPLATE)
 
 
 def add_tiny_vocab(w: gguf.GGUFWriter) -> None:

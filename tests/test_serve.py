@@ -195,7 +195,7 @@ def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "`temperature`"),
         ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "unsupported parameter `frobnicate`"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "`n` must be 1"),
-        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools`"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools.0`"),
         ({"messages": [{"role": "user", "content": "hi"}], "mirostat": 2}, 400, "`mirostat`"),
         ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 5}, 400, "`presence_penalty`"),
         (
@@ -377,7 +377,8 @@ def test_a_failure_inside_llama_cpp_is_a_500_not_the_clients_fault(served, monke
 
 
 def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
-    from mtp_cli.serve.engine import Delta, Job, _stream
+    from mtp_cli.serve.engine import Job
+    from mtp_cli.serve.events import Delta, stream
     from mtp_cli.stats import TokenEvent
 
     pieces = ["Hel", "lo, wo", "rld", "! And", " more"]
@@ -392,7 +393,7 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
         ([], "".join(pieces)),
     ):
         sent: list = []
-        text, cut, _ = _stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
+        text, cut, _, _ = stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
         assert text == want and cut == bool(stops) and "".join(d.text for d in sent if isinstance(d, Delta)) == want
 
 

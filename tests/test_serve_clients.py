@@ -286,3 +286,114 @@ def test_logit_bias_and_penalties(served):
     assert pen.choices[0].message.content == want
     with pytest.raises(openai.BadRequestError, match="token ids"):
         _ask(c, msgs, logit_bias={"abc": 1})
+
+
+COUNT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "count",
+        "description": "Count things",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["n", "unit"],
+        },
+    },
+}
+HERMES_TEMPLATE = (
+    "{% if tools %}<|system|>\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n"
+    'Call a tool with <tool_call>{"name": ..., "arguments": ...}</tool_call>\n{% endif %}'
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' and m.tool_calls %}<|assistant|>\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}\n'
+    "{% elif m.role == 'tool' %}<|user|>\n<tool_response>\n{{ m.content }}\n</tool_response>\n"
+    "{% else %}<|{{ m.role }}|>\n{{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def _wide(directory, **kw) -> Iterator[Served]:
+    """A server whose context holds tool descriptions (the tiny vocabulary spells most text byte by byte)."""
+    tiny = tiny_model_set(directory, "glm4moe", "structured", "q8_0", head_noise=1.5, **kw)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=2048, n_threads=1))
+    s = Served(engine.start())
+    yield s
+    s.close()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def generic(tmp_path_factory) -> Iterator[Served]:
+    yield from _wide(tmp_path_factory.mktemp("generic"))
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory) -> Iterator[Served]:
+    yield from _wide(tmp_path_factory.mktemp("hermes"), chat_template=HERMES_TEMPLATE)
+
+
+def _streamed_calls(stream) -> tuple[str, list[dict], str]:
+    """(content, calls joined from the deltas by index, finish_reason)."""
+    content, calls, finish = "", {}, ""
+    for ch in stream:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": ""})
+            c["id"] = tc.id or c["id"]
+            c["name"] += (tc.function and tc.function.name) or ""
+            c["arguments"] += (tc.function and tc.function.arguments) or ""
+        finish = ch.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("fixture", ["generic", "hermes"])
+def test_a_tool_round_trip_streamed_or_not(request, fixture):
+    """A forced call (required, or the function named), its result sent back as a `tool` message, the
+    final answer: with a template that knows no tools (the generic format) and a Hermes-style one."""
+    s = request.getfixturevalue(fixture)
+    assert s.engine.tool_format.name == "hermes" and s.engine.knows_tools == (fixture == "hermes")
+    c = s.client()
+    msgs = [{"role": "user", "content": "how many cats?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "count"}}):
+        r = _ask(c, msgs, tools=[COUNT_TOOL], tool_choice=choice, max_tokens=300, parallel_tool_calls=False)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and m.content is None and len(m.tool_calls) == 1
+        call = m.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "count" and isinstance(args["n"], int) and args["unit"] in ("c", "f")
+        content, streamed, finish = _streamed_calls(
+            _ask(
+                c, msgs, tools=[COUNT_TOOL], tool_choice=choice, max_tokens=300, stream=True, parallel_tool_calls=False
+            )
+        )
+        assert finish == "tool_calls" and content == ""
+        assert [(x["name"], json.loads(x["arguments"])) for x in streamed] == [("count", args)]
+    follow = [*msgs, m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    final = _ask(c, follow, tools=[COUNT_TOOL], tool_choice="none", max_tokens=8)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_langchain_bind_tools_and_with_structured_output(generic):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    llm = langchain_openai.ChatOpenAI(
+        base_url=f"http://127.0.0.1:{generic.port}/v1", api_key="none", model="tiny", temperature=0, max_tokens=300
+    )
+
+    def count(n: int, unit: Literal["c", "f"]) -> str:
+        """Count things."""
+        return str(n)
+
+    bound = llm.bind_tools([count], tool_choice="count", parallel_tool_calls=False)
+    ai = bound.invoke([HumanMessage("how many?")])
+    assert ai.tool_calls and ai.tool_calls[0]["name"] == "count" and isinstance(ai.tool_calls[0]["args"]["n"], int)
+    after = llm.invoke([HumanMessage("how many?"), ai, ToolMessage(content="3", tool_call_id=ai.tool_calls[0]["id"])])
+    assert isinstance(after.content, str)
+    shaped = llm.with_structured_output(Answer, method="json_schema").invoke("the cat")
+    assert isinstance(shaped, Answer)

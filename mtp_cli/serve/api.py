@@ -21,20 +21,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from mtp_cli.errors import MtpError
-from mtp_cli.serve.engine import (
-    ContextLengthError,
-    Delta,
-    Done,
-    Engine,
-    Event,
-    Failed,
-    Job,
-    Started,
-    TokenProb,
-    model_info,
-    now,
-)
+from mtp_cli.serve.engine import ContextLengthError, Engine, Job, model_info, now
+from mtp_cli.serve.events import Delta, Done, Event, Failed, Started, TokenProb
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, request_name
+from mtp_cli.serve.tools import Call
 
 
 def error(
@@ -243,27 +233,33 @@ def _choice(
     delta: bool,
     role: bool = False,
     logprobs: Optional[dict[str, Any]] = None,
+    calls: Sequence[Call] = (),
 ) -> dict:
     if obj == "chat.completion":
         if delta:
             d: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 d["content"] = text
+            if calls:
+                d["tool_calls"] = [{"index": i, **_call(c)} for i, c in enumerate(calls)]
             return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
-        return {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": logprobs,
-            "finish_reason": finish,
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": text or None if calls else text, "refusal": None}
+        if calls:
+            message["tool_calls"] = [_call(c) for c in calls]
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 
+def _call(c: Call) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
 def _whole(head: dict[str, Any], obj: str, first: Started, done: Done) -> dict[str, Any]:
+    lps = _logprobs(obj, done.probs)
     return {
         **head,
         "object": obj,
-        "choices": [_choice(obj, done.text, done.finish_reason, delta=False, logprobs=_logprobs(obj, done.probs))],
+        "choices": [_choice(obj, done.text, done.finish_reason, delta=False, logprobs=lps, calls=done.tool_calls)],
         "usage": _usage(first, done),
         "mtp": done.mtp,
         "timings": done.timings,
@@ -296,6 +292,8 @@ async def _sse(
                 offset += len(ev.text)
                 yield chunk([_choice(obj, ev.text, None, delta=True, logprobs=lps)])
             elif isinstance(ev, Done):
+                if ev.tool_calls:  # (each call whole, in one delta: clients join deltas by index)
+                    yield chunk([_choice(obj, None, None, delta=True, calls=ev.tool_calls)])
                 usage = {"usage": _usage(first, ev), "mtp": ev.mtp, "timings": ev.timings}
                 finish = [_choice(obj, None, ev.finish_reason, delta=True)]
                 if include_usage:  # (as OpenAI: usage once, in a last chunk without choices)

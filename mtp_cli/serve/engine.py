@@ -24,62 +24,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from mtp_cli import drafters
+from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
+from mtp_cli.serve.events import FINISH, Delta, Done, Event, Failed, Started, TokenProb, figures, stream, timings
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
+from mtp_cli.serve.tools import FORMATS, ToolFormat, ToolPlan, format_of, generic_messages, plan
 from mtp_cli.session import Prompt, Session
 from mtp_cli.speed.auto import AutoDraft, Resolved
-from mtp_cli.stats import Generation, GenStats, TokenEvent
+from mtp_cli.stats import TokenEvent
 
 log = logging.getLogger(__name__)
-
-FINISH = {"eog": "stop", "n_predict": "length", "ctx_full": "length"}  # GenStats.stop_reason -> OpenAI's
 
 
 class ContextLengthError(ConfigError):
     """The prompt, or the prompt and max_tokens, do not fit the context."""
-
-
-@dataclass(frozen=True)
-class Started:
-    n_prompt: int
-    n_cached: int
-
-
-@dataclass(frozen=True)
-class TokenProb:
-    """One generated token's log-probability and its most likely alternatives', as text and bytes."""
-
-    text: str
-    raw: bytes
-    logprob: float
-    top: tuple[tuple[str, bytes, float], ...]
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-    probs: tuple[TokenProb, ...] = ()  # (the tokens since the last delta, when log-probabilities are asked)
-
-
-@dataclass(frozen=True)
-class Done:
-    text: str
-    finish_reason: str  # stop | length
-    stats: GenStats
-    mtp: dict[str, Any]
-    timings: dict[str, Any]
-    probs: Optional[tuple[TokenProb, ...]] = None  # (every token's, when log-probabilities are asked)
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: BaseException
-    status: int  # 400 for a request mtp-cli refuses, 500 for its own failure
-
-
-Event = Union[Started, Delta, Done, Failed]
 
 
 @dataclass
@@ -119,6 +79,7 @@ class Engine:
         self.recent: deque[Record] = deque(maxlen=64)
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
         self.session = Session(rt)
+        self.tool_format, self.knows_tools = _tool_format(rt)
         self._current: Optional[Job] = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
@@ -193,19 +154,16 @@ class Engine:
         req = job.request
         check(req)
         self._check_size(req.texts_size())
-        cfg = replace(self.base, **req.overrides())
-        if not cfg.greedy and cfg.seed < 0:
-            cfg = replace(cfg, seed=secrets.randbits(31))  # random, but said: the request can be repeated
-        prompt = self._prompt(req)
-        n_prompt = len(prompt.tokens)
-        if n_prompt >= self.n_ctx:
-            raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
-        if cfg.n_predict > self.n_ctx - n_prompt:  # (as llama-server: stop at the context's end, "length")
-            cfg = replace(cfg, n_predict=self.n_ctx - n_prompt)
-        res = self.auto.resolve(cfg)
+        tools = self._tool_plan(req)
+        prompt = self._prompt(req, tools)
+        res = self.auto.resolve(self._config(req, tools, len(prompt.tokens)))
         gen = self.session.generate(prompt, res.config, res.policy)
-        job.emit(Started(n_prompt, gen.stats.n_cached))
-        text, cut, probs = _stream(gen, job, req.stop_strings(), self._prob)
+        job.emit(Started(len(prompt.tokens), gen.stats.n_cached))
+        held = tools.fmt.held_from if tools else None
+        text, cut, probs, sent = stream(gen, job, req.stop_strings(), self._prob, held)
+        content, calls = tools.fmt.parse(text, tools.tools) if tools and not cut else (text, [])
+        if not calls and len(content) > sent and not job.cancelled.is_set():
+            job.emit(Delta(content[sent:]))  # (held back as a possible call, and none was)
         st = gen.stats
         rec = Record(
             job.id,
@@ -214,16 +172,40 @@ class Engine:
             st.n_tokens,
             st.tokens_per_second,
             st.acceptance,
-            "stop string" if cut else str(st.stop_reason),
+            "stop string" if cut else "tool calls" if calls else str(st.stop_reason),
             res.mode,
             st.n_max,
         )
         self.recent.append(rec)
         _log(rec, st.spec_type)
         if not job.cancelled.is_set():
-            finish = "stop" if cut else FINISH.get(str(st.stop_reason), "stop")
-            asked = res.config.logprobs is not None
-            job.emit(Done(text, finish, st, _figures(st, res, cfg), timings(st), probs if asked else None))
+            finish = "stop" if cut else "tool_calls" if calls else FINISH.get(str(st.stop_reason), "stop")
+            lps = probs if res.config.logprobs is not None else None
+            job.emit(Done(content, finish, st, figures(st, res, res.config), timings(st), lps, tuple(calls)))
+
+    def _config(
+        self, req: Union[ChatRequest, CompletionRequest], tools: Optional[ToolPlan], n_prompt: int
+    ) -> GenConfig:
+        """The request's settings over the server's: a random seed drawn (and said), a forced tool
+        call's grammar, max_tokens clamped to the room the prompt leaves (as llama-server: "length")."""
+        cfg = replace(self.base, **req.overrides())
+        if not cfg.greedy and cfg.seed < 0:
+            cfg = replace(cfg, seed=secrets.randbits(31))
+        if tools is not None and tools.forced:
+            cfg = replace(cfg, grammar=tools.grammar())
+        if n_prompt >= self.n_ctx:
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: shorten it")
+        if cfg.n_predict > self.n_ctx - n_prompt:
+            cfg = replace(cfg, n_predict=self.n_ctx - n_prompt)
+        return cfg
+
+    def _tool_plan(self, req: Union[ChatRequest, CompletionRequest]) -> Optional[ToolPlan]:
+        if not isinstance(req, ChatRequest):
+            return None
+        tools, choice = req.tools_asked()
+        if tools and self.tool_format is None:
+            raise ConfigError(f"{self.rt.model_path.name} has no chat template to give `tools` to")
+        return plan(tools, choice, req.parallel_tool_calls, self.tool_format) if tools and self.tool_format else None
 
     def _prob(self, ev: TokenEvent) -> TokenProb:
         def said(token: int) -> tuple[str, bytes]:
@@ -243,84 +225,31 @@ class Engine:
                 f"holds {self.n_ctx}: shorten it"
             )
 
-    def _prompt(self, req: Union[ChatRequest, CompletionRequest]) -> Prompt:
+    def _prompt(self, req: Union[ChatRequest, CompletionRequest], tools: Optional[ToolPlan]) -> Prompt:
         if isinstance(req, ChatRequest):
-            return self.session.chat(req.chat_messages())
+            msgs, extra = req.chat_messages(), dict(req.chat_template_kwargs or {})
+            if tools is not None and tools.fmt is FORMATS["generic"] and not self.knows_tools:
+                msgs = generic_messages(msgs, tools.tools)
+            elif tools is not None:
+                extra["tools"] = tools.tools
+            return self.session.chat(msgs, extra or None)
         text = req.prompt_text()
         return self.session.ids(req.prompt_ids()) if text is None else self.session.text(text)
 
 
-def _stream(
-    gen: Generation, job: Job, stops: list[str], prob: Callable[[TokenEvent], TokenProb]
-) -> tuple[str, bool, tuple[TokenProb, ...]]:
-    """Run the generation, emitting text as it comes (holding back what could begin a stop string);
-    (the text, whether a stop string cut it, the tokens' log-probabilities when asked)."""
-    out, sent, cut = "", 0, False
-    probs: list[TokenProb] = []
-    told = 0  # (probs already sent with a delta)
-    hold = max((len(s) for s in stops), default=1) - 1
+PROBE_TOOL = {"type": "function", "function": {"name": "mtp_cli_probe_tool", "parameters": {"type": "object"}}}
+
+
+def _tool_format(rt: Runtime) -> tuple[Optional[ToolFormat], bool]:
+    """The model's tool-call format, and whether its chat template renders tools at all (one that
+    does not gets them described in a system message: the generic format)."""
     try:
-        for ev in gen:
-            if job.cancelled.is_set():
-                break
-            if ev.logprob is not None:
-                probs.append(prob(ev))
-            lo = max(0, len(out) - hold)
-            out += ev.text
-            if stops:
-                found = [i for s in stops if (i := out.find(s, lo)) >= 0]
-                if found:
-                    out, cut = out[: min(found)], True
-                    break
-            upto = len(out) - hold
-            if upto > sent:
-                job.emit(Delta(out[sent:upto], tuple(probs[told:])))
-                sent, told = upto, len(probs)
-    finally:
-        gen.close()
-    if (len(out) > sent or len(probs) > told) and not job.cancelled.is_set():
-        job.emit(Delta(out[sent:], tuple(probs[told:])))
-    return out, cut, tuple(probs)
-
-
-def _figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
-    """The response's `mtp` object: what drafting did for this request."""
-    doc: dict[str, Any] = {
-        "spec_type": st.spec_type,
-        "mode": res.mode,
-        "draft_n_max": st.n_max,
-        "verify_passes": st.n_verify,
-        "drafted": st.n_drafted,
-        "accepted": st.n_accepted,
-        "acceptance": round(st.acceptance, 4),
-        "acceptance_by_pos": [round(x, 4) for x in st.acceptance_by_pos],
-        "tokens_per_pass": round(st.tokens_per_pass, 4),
-        "tokens_per_second": round(st.tokens_per_second, 2),
-        "prompt_tokens_per_second": round(st.prompt_tokens_per_second, 2),
-        "seed": None if cfg.greedy else cfg.seed,
-    }
-    if res.policy is not None:
-        doc["adaptive"] = res.policy.summary()
-    return doc
-
-
-def timings(st: GenStats) -> dict[str, Any]:
-    """llama-server's `timings` object (front-ends written for it read acceptance from here)."""
-    n_prompt, n_gen = st.n_prompt - st.n_cached, st.n_tokens
-    prompt_ms, gen_ms = st.t_prompt * 1e3, st.t_gen * 1e3
-    return {
-        "cache_n": st.n_cached,
-        "prompt_n": n_prompt,
-        "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else 0.0,
-        "prompt_per_second": round(st.prompt_tokens_per_second, 3),
-        "predicted_n": n_gen,
-        "predicted_ms": round(gen_ms, 3),
-        "predicted_per_token_ms": round(gen_ms / (n_gen - st.n_first), 3) if n_gen > st.n_first else 0.0,
-        "predicted_per_second": round(st.tokens_per_second, 3),
-        "draft_n": st.n_drafted,
-        "draft_n_accepted": st.n_accepted,
-    }
+        template = template_of(rt.file)
+        text = render(rt.file, [{"role": "user", "content": "x"}], *rt.special_texts(), {"tools": [PROBE_TOOL]})
+    except ChatTemplateError:
+        return None, False
+    knows = "mtp_cli_probe_tool" in text
+    return format_of(template, knows), knows
 
 
 def _log(r: Record, spec_type: str) -> None:
@@ -346,15 +275,4 @@ def now() -> int:
     return int(time.time())
 
 
-__all__ = [
-    "Engine",
-    "Job",
-    "Started",
-    "Delta",
-    "Done",
-    "Failed",
-    "Event",
-    "Record",
-    "ContextLengthError",
-    "model_info",
-]
+__all__ = ["Engine", "Job", "Record", "ContextLengthError", "model_info"]

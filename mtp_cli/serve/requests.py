@@ -94,7 +94,7 @@ class Sampling(Strict):
             return "`typical_p` is not supported (only 1: off)"
         if self.mirostat not in (None, 0):
             return "`mirostat` is not supported (only 0: off)"
-        if sum(x is not None for x in (self.grammar, self.json_schema, self.output_format())) > 1:
+        if self.grammar_sources() > 1:
             return "give one of `grammar`, `json_schema` and `response_format`"
         stops = self.stop_strings()
         if len(stops) > MAX_STOP or any(not s for s in stops):
@@ -127,6 +127,9 @@ class Sampling(Strict):
     def output_format(self) -> Optional[dict[str, Any]]:
         """response_format, where the endpoint has one and it asks for more than text."""
         return None
+
+    def grammar_sources(self) -> int:
+        return sum(x is not None for x in (self.grammar, self.json_schema))
 
     def grammar_text(self) -> Optional[str]:
         """The GBNF the output must follow: `grammar`, or `json_schema` / `response_format` turned into one."""
@@ -179,8 +182,9 @@ class ChatRequest(Sampling):
     reasoning_format: Optional[str] = None  # (llama-server's)
 
     def unsupported(self) -> Optional[str]:
-        if self.tools or self.functions or self.tool_choice not in (None, "none", "auto"):
-            return "`tools` are not supported"
+        forcing = self.tool_choice not in (None, "none", "auto") or isinstance(self.function_call, dict)
+        if forcing and self.grammar_sources():
+            return "a forced `tool_choice` and `grammar`, `json_schema` or `response_format` exclude each other"
         if self.modalities and set(self.modalities) - {"text"}:
             return f"`modalities`: this model writes text only, got {self.modalities}"
         if self.audio:
@@ -196,6 +200,17 @@ class ChatRequest(Sampling):
 
     def output_format(self) -> Optional[dict[str, Any]]:
         return self.response_format if self.response_format not in (None, {"type": "text"}) else None
+
+    def grammar_sources(self) -> int:
+        return sum(x is not None for x in (self.grammar, self.json_schema, self.output_format()))
+
+    def tools_asked(self) -> tuple[list[Any], Any]:
+        """(tools, tool_choice), the deprecated `functions` / `function_call` read as them."""
+        if self.tools is not None:
+            return self.tools, self.tool_choice
+        funcs = [{"type": "function", "function": f} for f in self.functions or []]
+        choice = self.function_call
+        return funcs, {"type": "function", "function": choice} if isinstance(choice, dict) else choice
 
     def logprob_count(self) -> Optional[int]:
         if self.logprobs or self.top_logprobs:

@@ -1,0 +1,158 @@
+"""What a job reports (Started, then Deltas, then Done; or Failed), how its text is streamed out of
+a Generation (stop strings and possible tool calls held back), and the figures a response carries
+(the `mtp` object, llama-server's `timings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Union
+
+from mtp_cli.config import GenConfig
+from mtp_cli.serve.tools import Call
+from mtp_cli.speed.auto import Resolved
+from mtp_cli.stats import Generation, GenStats, TokenEvent
+
+FINISH = {"eog": "stop", "n_predict": "length", "ctx_full": "length"}  # GenStats.stop_reason -> OpenAI's
+
+
+@dataclass(frozen=True)
+class Started:
+    n_prompt: int
+    n_cached: int
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    """One generated token's log-probability and its most likely alternatives', as text and bytes."""
+
+    text: str
+    raw: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...]
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    probs: tuple[TokenProb, ...] = ()  # (the tokens since the last delta, when log-probabilities are asked)
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str
+    finish_reason: str  # stop | length
+    stats: GenStats
+    mtp: dict[str, Any]
+    timings: dict[str, Any]
+    probs: Optional[tuple[TokenProb, ...]] = None  # (every token's, when log-probabilities are asked)
+    tool_calls: tuple[Call, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+    status: int  # 400 for a request mtp-cli refuses, 500 for its own failure
+
+
+Event = Union[Started, Delta, Done, Failed]
+
+
+class Emitting(Protocol):
+    """A job, as the stream sees it."""
+
+    @property
+    def cancelled(self) -> Any: ...
+
+    def emit(self, ev: Event) -> None: ...
+
+
+def stream(
+    gen: Generation,
+    job: Emitting,
+    stops: list[str],
+    prob: Callable[[TokenEvent], TokenProb],
+    held: Optional[Callable[[str], int]] = None,
+) -> tuple[str, bool, tuple[TokenProb, ...], int]:
+    """Run the generation, emitting text as it comes (holding back what could begin a stop string,
+    and from where `held` says tool calls may begin); (the text, whether a stop string cut it, the
+    tokens' log-probabilities when asked, how much of the text was sent)."""
+    out, sent, cut = "", 0, False
+    probs: list[TokenProb] = []
+    told = 0  # (probs already sent with a delta)
+    hold = max((len(s) for s in stops), default=1) - 1
+    hold_calls = 16 if held else 0  # (an opener not yet whole, e.g. "<tool_ca")
+
+    def visible() -> int:
+        end = len(out) - max(hold, hold_calls)
+        at = held(out) if held else -1
+        return min(end, at) if at >= 0 else end
+
+    try:
+        for ev in gen:
+            if job.cancelled.is_set():
+                break
+            if ev.logprob is not None:
+                probs.append(prob(ev))
+            lo = max(0, len(out) - hold)
+            out += ev.text
+            if stops:
+                found = [i for s in stops if (i := out.find(s, lo)) >= 0]
+                if found:
+                    out, cut = out[: min(found)], True
+                    break
+            upto = visible()
+            if upto > sent:
+                job.emit(Delta(out[sent:upto], tuple(probs[told:])))
+                sent, told = upto, len(probs)
+    finally:
+        gen.close()
+    hold = hold_calls = 0
+    upto = max(sent, visible())
+    if (upto > sent or len(probs) > told) and not job.cancelled.is_set():
+        job.emit(Delta(out[sent:upto], tuple(probs[told:])))
+        sent = upto
+    return out, cut, tuple(probs), sent
+
+
+def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
+    """The response's `mtp` object: what drafting did for this request."""
+    doc: dict[str, Any] = {
+        "spec_type": st.spec_type,
+        "mode": res.mode,
+        "draft_n_max": st.n_max,
+        "verify_passes": st.n_verify,
+        "drafted": st.n_drafted,
+        "accepted": st.n_accepted,
+        "acceptance": round(st.acceptance, 4),
+        "acceptance_by_pos": [round(x, 4) for x in st.acceptance_by_pos],
+        "tokens_per_pass": round(st.tokens_per_pass, 4),
+        "tokens_per_second": round(st.tokens_per_second, 2),
+        "prompt_tokens_per_second": round(st.prompt_tokens_per_second, 2),
+        "seed": None if cfg.greedy else cfg.seed,
+    }
+    if res.policy is not None:
+        doc["adaptive"] = res.policy.summary()
+    return doc
+
+
+def timings(st: GenStats) -> dict[str, Any]:
+    """llama-server's `timings` object (front-ends written for it read acceptance from here)."""
+    n_prompt, n_gen = st.n_prompt - st.n_cached, st.n_tokens
+    prompt_ms, gen_ms = st.t_prompt * 1e3, st.t_gen * 1e3
+    return {
+        "cache_n": st.n_cached,
+        "prompt_n": n_prompt,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else 0.0,
+        "prompt_per_second": round(st.prompt_tokens_per_second, 3),
+        "predicted_n": n_gen,
+        "predicted_ms": round(gen_ms, 3),
+        "predicted_per_token_ms": round(gen_ms / (n_gen - st.n_first), 3) if n_gen > st.n_first else 0.0,
+        "predicted_per_second": round(st.tokens_per_second, 3),
+        "draft_n": st.n_drafted,
+        "draft_n_accepted": st.n_accepted,
+    }
+
+
+__all__ = ["Started", "TokenProb", "Delta", "Done", "Failed", "Event", "FINISH", "stream", "figures", "timings"]
