@@ -169,10 +169,22 @@ class VerifyLoop:
                 d.restart(self.n_past)
                 self.asleep = False
             if self.n_max > 0:
-                drafts = d.draft(self.id_last, self.n_past, k_max)
+                drafts = self._guided(k_max)
             if p.shadow:
                 self.shadow, drafts = drafts, []
         return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
+
+    def _guided(self, k_max: int) -> list[int]:
+        """The drafter's drafts, picked among what a copy of the target's grammar allows (when there
+        is one and the drafter picks from rows of its own)."""
+        d, g = self.drafter, self.chooser.grammar
+        if g is None or d.rows is None or k_max <= 0:
+            return d.draft(self.id_last, self.n_past, k_max)
+        with g.copy() as d.rows.guide:
+            try:
+                return d.draft(self.id_last, self.n_past, k_max)
+            finally:
+                d.rows.guide = None
 
     def _verify(self, drafts: list[int]) -> tuple[int, int]:
         """One target decode of [id_last, *drafts]: (drafts accepted, the target's next token)."""

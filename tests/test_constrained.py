@@ -113,3 +113,16 @@ def test_logprobs_are_the_rows_log_softmax_and_drafting_reports_the_same(rt):
     lp, top = log_probs(row, 2, 2)
     want = np.log(np.exp(row[:3]) / np.exp(row[:3]).sum())
     assert lp == pytest.approx(want[2]) and [t for t, _ in top] == [1, 2] and top[0][1] == pytest.approx(want[1])
+
+
+def test_drafts_are_picked_among_what_the_grammar_allows(rt, monkeypatch):
+    """A copy of the target's grammar guides the head's picks: every draft is one the grammar allows
+    (a forbidden one could never be kept), acceptance rises, and the output is the same."""
+    from mtp_cli.loop import VerifyLoop
+
+    gbnf = lx.json_schema_grammar(SCHEMA)
+    cfg = greedy(n_predict=80, grammar=gbnf, spec_type="mtp", draft_n_max=3)
+    guided, _, (st, _) = _gen(rt, cfg)
+    monkeypatch.setattr(VerifyLoop, "_guided", lambda self, k: self.drafter.draft(self.id_last, self.n_past, k))
+    free, _, (st_free, _) = _gen(rt, cfg)
+    assert guided == free and st.n_accepted > st_free.n_accepted, (st.acceptance, st_free.acceptance)

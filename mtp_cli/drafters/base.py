@@ -105,6 +105,8 @@ class Drafter:
     n_max_limit: Optional[int] = None
     #: positions its own context holds (None: it has none)
     n_ctx: Optional[int] = None
+    #: the draft rows it picks from (drafters that decode in a context of their own)
+    rows: Optional[DraftRows] = None
 
     def __init__(self) -> None:
         self.t_decode = 0.0  # seconds inside llama_decode (draft context)
@@ -181,13 +183,24 @@ class DraftRows:
         self.probe = ConfidenceProbe(self.n_vocab)
         self.pos = 0  # where id_last sat in the last draft()
         self.n_extra = 0  # draft rows the context holds past pos (to roll back or keep)
+        self.guide: Optional[lx.Grammar] = None  # this step's copy of the target's grammar (the loop's)
 
     def pick(self, i: int) -> Optional[int]:
-        """The draft token of output row i (None: its top probability is below p_min)."""
+        """The draft token of output row i (None: its top probability is below p_min, or the guide
+        allows no token): the argmax, among what the guide allows next when there is one (the
+        target's grammar, advanced by the drafts so far: a draft it forbids could never be kept)."""
         row = lx.logits_rows(self.ctx, i + 1, self.n_vocab)[i][: self.n_vocab_target]
-        tok = int(row.argmax())
+        tok, g = int(row.argmax()), self.guide
+        if g is not None and not g.allows(tok):
+            try:
+                g.mask(row)
+            except lx.LlamaError:
+                return None
+            tok = int(row.argmax())
         if self.p_min > 0.0 and self.probe.top_prob(row) < self.p_min:
             return None
+        if g is not None:
+            g.accept(tok)
         return tok
 
     def enqueue(

@@ -23,6 +23,8 @@ from mtp_cli.errors import ConfigError, ModelFileError
 class ModelDrafter(Drafter):
     """A separate draft model (same vocabulary), greedy, in its own context."""
 
+    rows: DraftRows
+
     name = "draft"
     aliases = ("draft-simple",)
     summary = "a small draft model with the same vocabulary (`draft_model`)"

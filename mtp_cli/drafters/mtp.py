@@ -57,6 +57,7 @@ class MtpDrafter(Drafter):
     target_h = True
     can_sleep = True
     can_resume = True
+    rows: DraftRows
     mem_shared = False  # (SharedAssistant: it reads the target's KV)
     chain = False  # (ChainedHeads)
 

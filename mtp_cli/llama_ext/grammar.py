@@ -68,6 +68,15 @@ class Grammar:
         if not np.isfinite(row.max()):
             raise LlamaError("the grammar allows no token of this vocabulary here")
 
+    def copy(self) -> Grammar:
+        """An independent copy of the state (llama_sampler_clone): advance it without touching this one."""
+        ptr = _C.llama_sampler_clone(self._sampler)
+        if not ptr:
+            raise LlamaError("llama.cpp could not copy the grammar")
+        twin = Grammar.__new__(Grammar)
+        twin._sampler, twin._cands, twin._one = Sampler(ptr), self._cands, self._one  # (scratch: one thread)
+        return twin
+
     def accept(self, token: int) -> None:
         _C.llama_sampler_accept(self._sampler, int(token))
 
