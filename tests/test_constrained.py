@@ -126,3 +126,15 @@ def test_drafts_are_picked_among_what_the_grammar_allows(rt, monkeypatch):
     monkeypatch.setattr(VerifyLoop, "_guided", lambda self, k: self.drafter.draft(self.id_last, self.n_past, k))
     free, _, (st_free, _) = _gen(rt, cfg)
     assert guided == free and st.n_accepted > st_free.n_accepted, (st.acceptance, st_free.acceptance)
+
+
+def test_a_draft_model_gives_plain_decodings_output_under_a_grammar(tiny_models):
+    """The fourth spec type (a separate draft model, guided by the grammar too), greedy and seeded."""
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    d = tiny_models("glm4moe", perturb=0.35)
+    gbnf = lx.json_schema_grammar(SCHEMA)
+    with Runtime(s["full"], spec_type="draft", draft_model=d["trunk"]) as rt:
+        for kw in (dict(), dict(temp=0.9, seed=11)):
+            plain, _, _ = _gen(rt, greedy(n_predict=80, grammar=gbnf, **kw))
+            toks, _, (st, _) = _gen(rt, greedy(n_predict=80, grammar=gbnf, spec_type="draft", draft_n_max=3, **kw))
+            assert toks == plain and st.n_drafted > 0, kw
