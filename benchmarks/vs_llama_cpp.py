@@ -21,7 +21,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,56 +41,7 @@ def _llama_build():
 
 def binaries(cache: Path) -> Path:
     """The folder of llama.cpp's tools, built once from the pinned sdist's vendored tree."""
-    lb = _llama_build()
-    cc = os.environ.get("CC", "cc")
-    text = lb.version_text(cc)
-    choice = lb.choose(lb.cpu_flags(Path("/proc/cpuinfo").read_text()), lb.parse_version(text), lb.cached_fix_header())
-    key = lb.wheel_key(choice, set(), text + "tools")
-    out = cache / f"llama.cpp-{key}"
-    if all((out / "bin" / t).exists() for t in TARGETS):
-        return out / "bin"
-    src = cache / "sdist"
-    src.mkdir(parents=True, exist_ok=True)
-    tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
-    if not tgz:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", PIN, "-d", str(src)],
-            check=True,
-        )
-        tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
-    tree = src / tgz[-1].name.removesuffix(".tar.gz")
-    if not tree.exists():
-        with tarfile.open(tgz[-1]) as tf:
-            tf.extractall(src, filter="data")
-    args = [a for a in choice.cmake_args if not a.startswith("-DLLAVA")]
-    print(f"building {', '.join(TARGETS)} ({choice.why}) ...", file=sys.stderr, flush=True)
-    build = out / "build"
-    subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(tree / "vendor" / "llama.cpp"),
-            "-B",
-            str(build),
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DLLAMA_CURL=OFF",
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            *args,
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    subprocess.run(
-        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    (out / "bin").mkdir(exist_ok=True)
-    for t in TARGETS:
-        (out / "bin" / t).write_bytes((build / "bin" / t).read_bytes())
-        (out / "bin" / t).chmod(0o755)
-    return out / "bin"
+    return _llama_build().build_tools(TARGETS, cache)
 
 
 def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int) -> dict:

@@ -29,13 +29,21 @@ MAX_LOGPROBS = 20  # alternatives reported per token (OpenAI's top_logprobs limi
 class Placement:
     """Where weights may go, as llama.cpp's flags say it: --repack / --no-repack (the CPU's extra
     buffer types; None: what the CPU self-check found safe), -ot and -dev for the target, -otd and
-    -devd for the drafter (its devices follow the target's unless given)."""
+    -devd for the drafter (its devices follow the target's unless given), --rpc (other machines'
+    devices), -ngld (the drafter's layers on devices; None: as -ngl; for a model's own MTP head, a
+    value apart from -ngl loads the head as a sidecar of its own, so it can stay on this machine)."""
 
     repack: Optional[bool] = None
     override_tensor: tuple[tuple[str, str], ...] = ()  # (tensor-name regex, buffer type name)
     device: Optional[tuple[str, ...]] = None  # None: every device; ("none",): none
     override_tensor_draft: tuple[tuple[str, str], ...] = ()
     device_draft: Optional[tuple[str, ...]] = None
+    rpc: tuple[str, ...] = ()  # HOST:PORT of each rpc-server
+    n_gpu_layers_draft: Optional[int] = None
+
+    def gpu_layers(self, n_gpu_layers: int, draft: bool) -> int:
+        """-ngl for the target, -ngld (else -ngl) for the drafter's model."""
+        return self.n_gpu_layers_draft if draft and self.n_gpu_layers_draft is not None else n_gpu_layers
 
     def of(self, draft: bool) -> tuple[tuple[tuple[str, str], ...], Optional[tuple[str, ...]]]:
         """(overrides, devices) for the target or the drafter's model."""
@@ -59,6 +67,15 @@ def parse_overrides(text: Optional[str], name: str) -> tuple[tuple[str, str], ..
             raise ConfigError(f"`{name}`: {pattern!r} is not a regular expression ({e})") from None
         out.append((pattern, buft.strip()))
     return tuple(out)
+
+
+def parse_endpoints(text: Optional[str], name: str) -> tuple[str, ...]:
+    """llama.cpp's --rpc `<host:port,...>`."""
+    out = tuple(e.strip() for e in (text or "").split(",") if e.strip())
+    bad = [e for e in out if not re.fullmatch(r"(\[[^\]]+\]|[^:\s\[\]]+):\d{1,5}", e)]
+    if bad:
+        raise ConfigError(f"`{name}` takes HOST:PORT,..., got {bad[0]!r}")
+    return out
 
 
 def parse_devices(text: Optional[str], name: str) -> Optional[tuple[str, ...]]:
@@ -193,6 +210,7 @@ __all__ = [
     "parse_devices",
     "parse_overrides",
     "parse_logit_bias",
+    "parse_endpoints",
     "DRAFT_N_MAX_LIMIT",
     "DRAFT_MODES",
     "KV_CACHE_TYPES",

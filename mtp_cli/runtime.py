@@ -33,6 +33,7 @@ from mtp_cli.config import GenConfig, Placement
 from mtp_cli.contexts import Contexts, ContextSettings
 from mtp_cli.drafters import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
+from mtp_cli.local_head import head_sidecar
 from mtp_cli.loop import VerifyLoop
 from mtp_cli.memory import Held, Reuse
 from mtp_cli.policy import DraftPolicy
@@ -74,6 +75,7 @@ class Runtime:
         if quiet:
             lx.quiet_logs()
         cpu_check.ensure(placement.repack)  # before the first load: weights never go where llama.cpp crashes
+        lx.add_rpc_servers(placement.rpc)  # (their devices are ggml's from here on, as llama.cpp's --rpc)
         self.placement = placement
         self.model_path = Path(model_path)
         self.draft_path = Path(draft_model) if draft_model else None
@@ -92,6 +94,8 @@ class Runtime:
             raise ModelFileError(
                 f"{self.model_path.name} is an MTP-only sidecar: give it as `draft_model` and the trunk as the model"
             )
+        if self.draft_path is None and self._head_apart(spec, n_gpu_layers):
+            self.draft_path = head_sidecar(self.file)  # (its own model: its own -ngld)
         self.draft_file = open_model_file(self.draft_path, "draft model") if self.draft_path else None
         spec.check_files(self.file, self.draft_file)
         try:
@@ -119,6 +123,12 @@ class Runtime:
             quiet=quiet,
         )
 
+    def _head_apart(self, spec: type[Drafter], n_gpu_layers: int) -> bool:
+        """Whether the model's own head is to be placed apart from its trunk (-ngld unlike -ngl)."""
+        ngld = self.placement.n_gpu_layers_draft
+        own_head = spec.draft_file == "optional" and spec.target_loads_head(None)
+        return own_head and ngld is not None and ngld != n_gpu_layers and self.file.layout().nextn_layers > 0
+
     def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.Model:
         try:
             t0 = time.perf_counter()
@@ -126,7 +136,7 @@ class Runtime:
             model = lx.load_model(
                 gf,
                 load_mtp=load_mtp,
-                n_gpu_layers=self.n_gpu_layers,
+                n_gpu_layers=self.placement.gpu_layers(self.n_gpu_layers, draft=role != "model"),
                 load_mode=self.load_mode,
                 overrides=overrides,
                 devices=devices,

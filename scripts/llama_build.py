@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +36,9 @@ AMX_FLAGS = ("amx_tile", "amx_int8")
 FIX_HEADER = Path(__file__).resolve().parent.parent / "mtp_cli" / "data" / "gcc12_amx_fix.h"
 # AMX out of a native build: explicit -mno-* flags win over -march=native in GCC and clang alike
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-# mtp-cli never loads llava/mtmd (imported lazily by llama-cpp-python): a third of the build time
-BASE_ARGS = ("-DLLAVA_BUILD=OFF",)
+# mtp-cli never loads llava/mtmd (imported lazily by llama-cpp-python): a third of the build time;
+# the RPC backend (small) spreads a model over other machines (--rpc)
+BASE_ARGS = ("-DLLAVA_BUILD=OFF", "-DGGML_RPC=ON")
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,51 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mtp-cli"
     )
     return Path(root) / "wheels"
+
+
+def sdist_tree(cache: Path) -> Path:
+    """The pinned sdist, downloaded and unpacked once under `cache`."""
+    src = cache / "sdist"
+    src.mkdir(parents=True, exist_ok=True)
+    tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    if not tgz:
+        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", PIN]
+        subprocess.run([*download, "-d", str(src)], check=True)
+        tgz = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    tree = src / tgz[-1].name.removesuffix(".tar.gz")
+    if not tree.exists():
+        with tarfile.open(tgz[-1]) as tf:
+            tf.extractall(src, filter="data")
+    return tree
+
+
+def build_tools(targets: tuple[str, ...], cache: Path) -> Path:
+    """The folder of llama.cpp's own programs `targets` (llama-completion, ggml-rpc-server...),
+    built once from the pinned sdist's vendored tree with the wheel's compiler choice."""
+    cc = os.environ.get("CC", "cc")
+    text = version_text(cc)
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    choice = choose(cpu_flags(cpuinfo), parse_version(text), cached_fix_header())
+    key = wheel_key(choice, set(), text + "tools" + " ".join(targets))
+    out = cache / f"llama.cpp-{key}"
+    if all((out / "bin" / t).exists() for t in targets):
+        return out / "bin"
+    tree = sdist_tree(cache)
+    args = [a for a in choice.cmake_args if not a.startswith("-DLLAVA")]
+    print(f"building {', '.join(targets)} ({choice.why}; a few minutes, once) ...", file=sys.stderr, flush=True)
+    build = out / "build"
+    cmake = ["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
+    flags = ["-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", *args]
+    jobs = str(os.cpu_count() or 2)
+    for step in ([*cmake, *flags], ["cmake", "--build", str(build), "-j", jobs, "--target", *targets]):
+        r = subprocess.run(step, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode:  # (the compiler's warnings are many: only a failure's tail is shown)
+            raise SystemExit(f"{shlex.join(step)} failed:\n{r.stderr[-3000:]}")
+    (out / "bin").mkdir(exist_ok=True)
+    for t in targets:
+        (out / "bin" / t).write_bytes((build / "bin" / t).read_bytes())
+        (out / "bin" / t).chmod(0o755)
+    return out / "bin"
 
 
 def main(argv: list[str] | None = None) -> int:

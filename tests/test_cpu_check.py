@@ -74,10 +74,10 @@ def test_the_build_keeps_amx_only_where_it_builds_right(flags, compiler, amx, ex
     cpu = llama_build.cpu_flags(f"processor\t: 0\nflags\t\t: {flags}\n")
     choice = llama_build.choose(cpu, llama_build.parse_version(compiler), Path("/cache/fix.h"))
     assert choice.amx is amx
-    extras = [a for a in choice.cmake_args if a != "-DLLAVA_BUILD=OFF"]
+    extras = [a for a in choice.cmake_args if a not in llama_build.BASE_ARGS]
     assert (extras[0] if extras else None) == (None if extra is None else extras[0])
     assert all(extra in a for a in extras) if extra else not extras
-    assert "-DLLAVA_BUILD=OFF" in choice.cmake_args
+    assert "-DLLAVA_BUILD=OFF" in choice.cmake_args and "-DGGML_RPC=ON" in choice.cmake_args
 
 
 def _preprocess(*flags: str) -> str:

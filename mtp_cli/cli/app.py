@@ -121,6 +121,9 @@ def version_text() -> str:
         from mtp_cli import llama_ext as lx
 
         lines.append(f"GPU offload: {'yes' if lx.supports_gpu_offload() else 'no (a CPU build)'}")
+        lines.append(
+            f"RPC backend: {'yes (--rpc HOST:PORT,...)' if lx.supports_rpc() else 'no (make setup builds one)'}"
+        )
         found = [f"{d.name} ({d.description}, {d.memory_total / 2**30:.1f} GiB)" for d in lx.devices()]
         lines.append(f"devices: {', '.join(found) or 'none found'}")
         lines.append(f"llama.cpp system: {lx.system_info().strip()}")

@@ -12,12 +12,17 @@ _FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "am
 
 
 @main.command()
-def doctor() -> None:
+@click.option(
+    "--rpc", "rpc", metavar="HOST:PORT,...", envvar="LLAMA_ARG_RPC", help="Also list these rpc-servers' devices."
+)
+def doctor(rpc: str | None) -> None:
     """Run the CPU self-check now and show the llama.cpp build, the CPU and the devices."""
     from mtp_cli import cpu_check
     from mtp_cli import llama_ext as lx
+    from mtp_cli.config import parse_endpoints
 
     lx.quiet_logs()
+    lx.add_rpc_servers(parse_endpoints(rpc, "rpc"))
     verdict = cpu_check.recheck()
     flags = set(cpu_check.cpu_features().split())
     for line in cpu_check.summary_lines():

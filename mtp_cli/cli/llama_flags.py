@@ -13,7 +13,7 @@ import click
 
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
-from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES, Placement, parse_devices, parse_overrides
+from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES, Placement, parse_devices, parse_endpoints, parse_overrides
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
 LLAMA_ENV = {
@@ -41,6 +41,8 @@ LLAMA_ENV = {
     "repack": "LLAMA_ARG_REPACK",
     "override_tensor": "LLAMA_ARG_OVERRIDE_TENSOR",
     "device": "LLAMA_ARG_DEVICE",
+    "rpc": "LLAMA_ARG_RPC",
+    "n_gpu_layers_draft": "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
 }
 
 # llama.cpp flags a model-running command may lack: (spellings, takes a value); each command
@@ -193,12 +195,42 @@ placement = stack(
         help="-ot for the draft model.",
     ),
     click.option(
-        "-devd", "--device-draft", "device_draft", metavar="DEV,...", help="-dev for the draft [default: -dev]."
+        "-devd",
+        "--device-draft",
+        "--spec-draft-device",
+        "device_draft",
+        metavar="DEV,...",
+        help="-dev for the draft [default: -dev].",
+    ),
+    click.option(
+        "-ngld",
+        "--n-gpu-layers-draft",
+        "--gpu-layers-draft",
+        "--spec-draft-ngl",
+        "n_gpu_layers_draft",
+        type=int,
+        default=None,
+        help="-ngl for the drafter [default: -ngl]; for a model's own MTP head, a value apart from -ngl "
+        "loads the head as a sidecar of its own (0: it stays on this machine).",
+    ),
+    click.option(
+        "--rpc",
+        "rpc",
+        metavar="HOST:PORT,...",
+        help="Also use the devices of these llama.cpp rpc-servers (weights go there with -ngl).",
     ),
 )
 
 
-PLACEMENT_OPTIONS = ("repack", "override_tensor", "device", "override_tensor_draft", "device_draft")
+PLACEMENT_OPTIONS = (
+    "repack",
+    "override_tensor",
+    "device",
+    "override_tensor_draft",
+    "device_draft",
+    "rpc",
+    "n_gpu_layers_draft",
+)
 
 
 def placement_of(opts: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
@@ -211,6 +243,8 @@ def placement_of(opts: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
             device=parse_devices(opts.get("device"), "device"),
             override_tensor_draft=parse_overrides(opts.get("override_tensor_draft"), "override_tensor_draft"),
             device_draft=parse_devices(opts.get("device_draft"), "device_draft"),
+            rpc=parse_endpoints(opts.get("rpc"), "rpc"),
+            n_gpu_layers_draft=opts.get("n_gpu_layers_draft"),
         ),
         rest,
     )

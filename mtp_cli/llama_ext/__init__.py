@@ -51,6 +51,8 @@ from mtp_cli.llama_ext.models import (
     supports_gpu_offload,
     system_info,
 )
+from mtp_cli.llama_ext.rpc import add_servers as add_rpc_servers
+from mtp_cli.llama_ext.rpc import supports_rpc
 from mtp_cli.llama_ext.staging import (
     get_embeddings_nextn,
     get_embeddings_nextn_ith,
@@ -74,6 +76,8 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "add_rpc_servers",
+    "supports_rpc",
     "Grammar",
     "JSON_GRAMMAR",
     "json_schema_grammar",

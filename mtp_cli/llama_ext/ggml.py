@@ -49,6 +49,8 @@ def ggml() -> Optional[ctypes.CDLL]:
         (g.ggml_backend_dev_buffer_type, [vp], vp),
         (g.ggml_backend_dev_backend_reg, [vp], vp),
         (g.ggml_backend_reg_get_proc_address, [vp, cp], vp),
+        (g.ggml_backend_reg_by_name, [cp], vp),
+        (g.ggml_backend_register, [vp], None),
         (g.ggml_backend_buft_name, [vp], cp),
     )
     for fn, args, res in signatures:

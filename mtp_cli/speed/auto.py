@@ -59,14 +59,18 @@ class AutoDraft:
         self.rt = rt
         self.config_dir = config_dir
         self.controllers: dict[str, AdaptiveController] = {}
-        self._keys: dict[tuple[Optional[int], int], str] = {}
+        self._keys: dict[tuple[Optional[int], int, tuple[str, ...]], str] = {}
 
     def profile_key(self, cfg: GenConfig) -> str:
-        """The key of this model's tuned profile for cfg's threads and -ngl."""
-        k = (cfg.n_threads, cfg.n_gpu_layers)
+        """The key of this model's tuned profile for cfg's threads, -ngl and RPC servers."""
+        k = (cfg.n_threads, cfg.n_gpu_layers, cfg.placement.rpc)
         if k not in self._keys:
             self._keys[k] = profiles.identify(
-                self.rt.file, self.rt.draft_file, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers
+                self.rt.file,
+                self.rt.draft_file,
+                n_threads=cfg.n_threads,
+                n_gpu_layers=cfg.n_gpu_layers,
+                rpc=cfg.placement.rpc,
             ).key
         return self._keys[k]
 

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -94,7 +95,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def machine_identity(n_threads: Optional[int] = None, n_gpu_layers: int = -1) -> dict[str, Any]:
+def machine_identity(
+    n_threads: Optional[int] = None, n_gpu_layers: int = -1, rpc: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a profile's speeds depend on beyond the model: this machine, its settings, and the RPC
+    servers the model is spread over (a link's costs are theirs)."""
     try:
         llama_version = version("llama-cpp-python")
     except PackageNotFoundError:  # pragma: no cover
@@ -108,6 +113,7 @@ def machine_identity(n_threads: Optional[int] = None, n_gpu_layers: int = -1) ->
         "n_gpu_layers": int(n_gpu_layers) if gpu else 0,
         "system_info": lx.system_info(),
         "llama_cpp_python": llama_version,
+        **({"rpc": list(rpc)} if rpc else {}),
     }
 
 
@@ -219,12 +225,17 @@ class Identity:
 
 
 def identify(
-    model: GGUFFile, draft: Optional[GGUFFile] = None, *, n_threads: Optional[int] = None, n_gpu_layers: int = -1
+    model: GGUFFile,
+    draft: Optional[GGUFFile] = None,
+    *,
+    n_threads: Optional[int] = None,
+    n_gpu_layers: int = -1,
+    rpc: Sequence[str] = (),
 ) -> Identity:
     return Identity(
         model_identity(model),
         model_identity(draft) if draft is not None else None,
-        machine_identity(n_threads, n_gpu_layers),
+        machine_identity(n_threads, n_gpu_layers, rpc),
     )
 
 

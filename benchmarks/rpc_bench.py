@@ -1,0 +1,162 @@
+"""MTP over llama.cpp RPC: the weights on loopback `ggml-rpc-server`s behind a proxy that delays every
+packet (0, 1, 5 ms each way), one or two servers, the model's own head remote (with the trunk) or
+local (-ngld 0: loaded as a sidecar of its own on this machine), against plain decoding, in one run.
+
+    python benchmarks/rpc_bench.py [-m MODEL.gguf] [--delays 0 1 5] [--servers 1 2] [-N 1 2 3]
+                                   [-n 32] [--repeats 2] [--prompts 2]
+
+Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). The servers are built
+from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
+RPC devices for the process's life); each row loads the model on that row's devices (-dev), runs
+none, mtp at each N and adaptive interleaved repeat by repeat (medians), and prints tokens/s and the
+ratio to plain decoding in the same row. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mtp_cli import llama_ext as lx  # noqa: E402
+from mtp_cli.config import GenConfig, Placement  # noqa: E402
+from mtp_cli.llama_ext.rpc import hello  # noqa: E402
+from mtp_cli.runtime import Runtime  # noqa: E402
+from mtp_cli.session import Session  # noqa: E402
+from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController  # noqa: E402
+from mtp_cli.speed.runs import PROMPTS, Setting, interleaved, setting_name  # noqa: E402
+from mtp_cli.user_cache import cache_dir  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(binary: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"], stderr=subprocess.DEVNULL)
+    for _ in range(150):
+        try:
+            hello(f"127.0.0.1:{port}", timeout=1)
+            return proc, port
+        except lx.LlamaError:
+            time.sleep(0.2)
+    raise SystemExit("an rpc-server did not start")
+
+
+class DelayProxy:
+    """127.0.0.1:port -> target, every chunk held `delay_ms` in each direction (order kept)."""
+
+    def __init__(self, target: int, delay_ms: float):
+        self.target, self.delay = target, delay_ms / 1000
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait()
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        ready.set()
+        self.loop.run_until_complete(server.serve_forever())
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        tr, tw = await asyncio.open_connection("127.0.0.1", self.target)
+        await asyncio.gather(self._pipe(r, tw), self._pipe(tr, w))
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def rx() -> None:
+            while data := await r.read(1 << 16):
+                await q.put((self.loop.time() + self.delay, data))
+            await q.put(None)
+
+        async def tx() -> None:
+            while (item := await q.get()) is not None:
+                wait = item[0] - self.loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                w.write(item[1])
+                await w.drain()
+            w.close()
+
+        await asyncio.gather(rx(), tx())
+
+
+def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str], args: argparse.Namespace) -> dict:
+    placement = Placement(device=tuple(devices), n_gpu_layers_draft=0 if head_local else None)
+    base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024)
+    with Runtime(model, spec_type="mtp", n_gpu_layers=99, placement=placement) as rt:
+        s = Session(rt)
+        toks = [s.chat([{"role": "user", "content": p}]).tokens for p in prompts]
+        mtp = replace(base, spec_type="mtp")
+        settings = [Setting("none", base)]
+        settings += [Setting(setting_name("mtp", n), replace(mtp, draft_n_max=n)) for n in args.n_values]
+        settings.append(
+            Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController)
+        )
+        res = interleaved(rt, toks, settings, args.repeats)
+    none = res["none"].stats.tokens_per_second
+    return {k: {"tps": r.stats.tokens_per_second, "ratio": r.stats.tokens_per_second / none} for k, r in res.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", type=Path, default=None)
+    ap.add_argument("--delays", type=float, nargs="+", default=[0, 1, 5])
+    ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("-N", "--n-values", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=Path("rpc_bench.json"))
+    args = ap.parse_args()
+    lx.quiet_logs()
+    import llama_build
+
+    if args.model is None:
+        from mtp_cli.cli.demo_model import demo_file
+
+        args.model = demo_file()
+    binary = llama_build.build_tools(("ggml-rpc-server",), cache_dir()) / "ggml-rpc-server"
+    servers = [start_server(binary) for _ in range(max(args.servers))]
+    try:
+        names: dict[tuple[float, int], str] = {}
+        endpoints = []
+        for d in args.delays:
+            for i, (_, port) in enumerate(servers):
+                endpoints.append(f"127.0.0.1:{DelayProxy(port, d).port}")
+                names[d, i] = f"RPC{len(names)}"  # (ggml names RPC devices in registration order)
+        lx.add_rpc_servers(endpoints)
+        rows = []
+        for n_servers in args.servers:
+            for d in args.delays:
+                for head_local in (False, True):
+                    devs = [names[d, i] for i in range(n_servers)]
+                    r = run_row(args.model, devs, head_local, PROMPTS[: args.prompts], args)
+                    rows.append({"servers": n_servers, "delay_ms": d, "head": "local" if head_local else "remote", **r})
+                    cells = "  ".join(f"{k} {v['tps']:6.1f} ({v['ratio']:.2f}x)" for k, v in r.items())
+                    print(f"{n_servers} server(s), +{d:g} ms, head {rows[-1]['head']:6}: {cells}", flush=True)
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+    args.json.write_text(json.dumps({"model": str(args.model), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
