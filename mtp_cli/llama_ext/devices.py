@@ -34,6 +34,20 @@ def devices() -> list[Device]:
     return out
 
 
+DEV_TYPES_OFFLOAD = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU (an RPC server's devices say GPU)
+
+
+def has_offload_device() -> bool:
+    """Whether ggml has registered a device layers can be offloaded to."""
+    g = ggml()
+    if g is None:
+        return False
+    return any(
+        g.ggml_backend_dev_type(g.ggml_backend_dev_get(i)) in DEV_TYPES_OFFLOAD
+        for i in range(g.ggml_backend_dev_count())
+    )
+
+
 def device_list(names: Sequence[str]) -> ctypes.Array[ctypes.c_void_p]:
     """llama.cpp's -dev: the NULL-terminated device array for model params (("none",): no device,
     all on the CPU). As llama.cpp does, the CPU is not a device to list. Raises LlamaError naming

@@ -20,7 +20,7 @@ from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import require_loadable
 from mtp_cli.errors import LlamaError
 from mtp_cli.llama_ext import buffers
-from mtp_cli.llama_ext.devices import device_list, override_list
+from mtp_cli.llama_ext.devices import device_list, has_offload_device, override_list
 from mtp_cli.llama_ext.handles import Context, Model, ModelInfo
 
 CTX_TYPE_TARGET: int = int(_C.LLAMA_CONTEXT_TYPE_DEFAULT)
@@ -234,7 +234,9 @@ def default_threads() -> int:
 
 
 def supports_gpu_offload() -> bool:
-    return bool(_C.llama_supports_gpu_offload())
+    """Whether layers can go to a device (a GPU, or an RPC server registered with --rpc).
+    llama_supports_gpu_offload says yes for any build with the RPC backend, servers or not."""
+    return bool(_C.llama_supports_gpu_offload()) and has_offload_device()
 
 
 def system_info() -> str:
