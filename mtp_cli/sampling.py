@@ -100,10 +100,15 @@ def verify_sampled(sampler: TokenSampler, ctx: lx.Context, rows: np.ndarray, dra
     """(n_accepted, next token): sample rows 0, 1, ... in order from the target's own
     distribution (one draw each) and keep a draft token only while it equals the sample. The
     emitted tokens are then distributed exactly as in plain sampling (deterministic drafter)."""
-    k = len(drafts)
-    a = 0
+    return verify_in_order(lambda i: sampler.sample(ctx, i, rows[i]), drafts)
+
+
+def verify_in_order(pick: Callable[[int], int], drafts: Sequence[int]) -> tuple[int, int]:
+    """(n_accepted, next token): choose row 0, 1, ... in order (`pick`) and keep a draft token only
+    while it equals the choice (what plain decoding would have chosen there)."""
+    k, a = len(drafts), 0
     while True:
-        s = sampler.sample(ctx, a, rows[a])
+        s = pick(a)
         if a < k and s == drafts[a]:
             a += 1
             continue
@@ -144,22 +149,13 @@ class Chooser:
         if self.edits.active:
             self.edits.apply(rows, history, drafts)
         if self.grammar is not None:
-            a, nxt = self._in_order(ctx, rows, drafts)
+            a, nxt = verify_in_order(lambda i: self._pick(ctx, i, rows[i]), drafts)
         elif self.sampler.greedy:
             a, nxt = verify_greedy(rows, drafts)
         else:
             a, nxt = self.verify_sampled(self.sampler, ctx, rows, drafts)
         self._probs(rows, [*drafts[:a], nxt])
         return a, nxt
-
-    def _in_order(self, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
-        k, a = len(drafts), 0
-        while True:
-            s = self._pick(ctx, a, rows[a])
-            if a < k and s == drafts[a]:
-                a += 1
-                continue
-            return a, s
 
     def _pick(self, ctx: lx.Context, index: int, row: np.ndarray) -> int:
         """The grammar's choice at a row, which it then accepts (greedy: the argmax if allowed, a
