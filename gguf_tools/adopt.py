@@ -86,6 +86,7 @@ _GLOBAL = {TOKEN_EMBD, OUTPUT_NORM, OUTPUT, "output.scale"}
 
 # Tensors with a specific reason they cannot be expressed (matched on the suffix after blk.N.).
 _WHY_NOT = [
+    # (a llama trunk with them is adopted as step35 instead: gguf_tools.adopt_step35)
     (re.compile(r"^rope_freqs\.weight$"), "rope frequency factors (llama 3 rope scaling): glm4moe's rope takes none"),
     (
         re.compile(r"^rope_factors_(long|short)\.weight$"),

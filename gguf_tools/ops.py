@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from gguf_tools.adopt import plan_adopt
+from gguf_tools.adopt_step35 import plan_adopt_step35, wants_step35
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import ArrayTensor, Progress, WritePlan, check_output, write_gguf
@@ -107,10 +108,13 @@ def adopt(
     progress: Progress | None = None,
     seed: int = 0,
 ) -> WriteResult:
-    """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt); optionally append a
-    randomly initialised MTP head block."""
+    """Re-express a llama / qwen2 / qwen3 GGUF as glm4moe (gguf_tools.adopt), or a llama one with
+    llama 3 rope factors as step35 (gguf_tools.adopt_step35, always with its head slot); optionally
+    append a randomly initialised MTP head block."""
     check_output(out, [path], overwrite)
-    return write_plan(plan_adopt(open_input(path), with_head_slot, seed), out, progress, overwrite=overwrite)
+    gf = open_input(path)
+    plan = plan_adopt_step35(gf, seed) if wants_step35(gf) else plan_adopt(gf, with_head_slot, seed)
+    return write_plan(plan, out, progress, overwrite=overwrite)
 
 
 def strip(path: Path, out: Path, overwrite: bool = False, progress: Progress | None = None) -> WriteResult:

@@ -7,7 +7,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gguf_tools.adopt import PROVENANCE_KEY, adopt_blocker
+from gguf_tools.adopt import PROVENANCE_KEY
+from gguf_tools.adopt_step35 import blocker as adopt_blocker
 from gguf_tools.archs import record
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import problems
@@ -48,7 +49,7 @@ class InspectReport:
     head_bytes: int = 0
     verdict: str = ""
     advice: str = ""
-    adoptable: bool = False  # `mtp-cli adopt` can re-express it as glm4moe
+    adoptable: bool = False  # `mtp-cli adopt` can re-express it (as glm4moe, or step35 for llama 3)
     adopt_blocker: str | None = None  # why an llama/qwen2/qwen3 file cannot be adopted
     adopted_from: str | None = None  # the source arch of a file `mtp-cli adopt` wrote
     problems: list[str] = field(default_factory=list)  # why llama.cpp would not load it (verdict "invalid")
@@ -138,7 +139,7 @@ def _verdict(gf: GGUFFile, rep: InspectReport) -> tuple[str, str]:
     missing = " (the key declares head blocks but the file holds no head tensors)" if rep.head_blocks else ""
     if rep.adopted_from:
         return TRUNK_ONLY, (
-            f"a {rep.adopted_from} trunk adopted as glm4moe, with no MTP head{missing}: no published "
+            f"a {rep.adopted_from} trunk adopted as {gf.arch}, with no MTP head{missing}: no published "
             f"head fits it; train one, which packs it too: mtp-cli train {name} -o OUT.gguf"
         )
     rec = record(gf.arch)
@@ -161,7 +162,8 @@ def _no_graph_advice(gf: GGUFFile, rep: InspectReport, name: str) -> str:
             "-md ASSISTANT.gguf --spec-type mtp"
         )
     if rep.adoptable:
-        return why + f"; it can be re-expressed exactly as glm4moe, which has one: mtp-cli adopt {name} -o OUT.gguf"
+        target = "step35" if gf.arch == "llama" and "rope_freqs.weight" in gf.tensors else "glm4moe"
+        return why + f"; it can be re-expressed exactly as {target}, which has one: mtp-cli adopt {name} -o OUT.gguf"
     if rep.adopt_blocker:
         return (
             why

@@ -374,11 +374,11 @@ def test_tiny_llama_fused_qkv(tiny, tmp_path):
 F, S, U = GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.UINT32
 REFUSALS = [
     # (id, source arch, edit, message that must name the key/tensor)
-    (
+    (  # (a llama with llama 3 rope factors goes to step35: tests/test_adopt_step35.py; this one cannot)
         "rope_freqs",
         "llama",
-        dict(add=(("rope_freqs.weight", np.ones(8)),)),
-        "tensor rope_freqs.weight is rope frequency factors",
+        dict(add=(("rope_freqs.weight", np.ones(8)), ("blk.0.attn_q.bias", np.zeros(64)))),
+        "biases in a llama 3 block",
     ),
     ("rope_factors", "llama", dict(add=(("rope_factors_long.weight", np.ones(8)),)), "rope_factors_long.weight"),
     (
@@ -491,12 +491,14 @@ def test_refuses_mtp_archs(tmp_path):
 def test_cli_errors_are_one_line_exit_2_and_leave_nothing(tiny, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all, just some bytes here")
-    refused = edited(tiny("llama"), tmp_path / "r.gguf", add=(("rope_freqs.weight", np.ones(8)),))
+    refused = edited(
+        tiny("llama"), tmp_path / "r.gguf", add=(("rope_freqs.weight", np.ones(8)), ("blk.0.attn_q.bias", np.zeros(64)))
+    )
     out = tmp_path / "out" / "o.gguf"
     out.parent.mkdir()
     for args, expect in [
         ([str(bad)], "not a GGUF"),
-        ([str(refused)], "rope frequency factors"),
+        ([str(refused)], "biases in a llama 3 block"),
         ([str(tmp_path / "missing.gguf")], "no such file"),
     ]:
         r = CliRunner().invoke(main, ["adopt", *args, "-o", str(out)])

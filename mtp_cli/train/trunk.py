@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf_tools.adopt import PROVENANCE_KEY
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.glm4moe_head import BLOCK_NAMES, SHEXP, HeadDims, random_weights, unpack_head_block
@@ -42,6 +43,12 @@ class TrunkParams:
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> TrunkParams:
+        if gf.arch == "step35" and gf.get(PROVENANCE_KEY):
+            raise RefusedError(
+                "an adopted Llama 3.x trunk (step35) cannot be trained yet: its decoding runs, its head's "
+                "torch mirror is not built",
+                gf.path,
+            )
         if gf.arch != ARCH:
             raise RefusedError(
                 f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}", gf.path
