@@ -2,6 +2,11 @@
 against the original, beside the original's own noise (flash attention on against off).
 
     python benchmarks/adopt_bench.py [--text FILE] [--tokens 1024] [-t 2] [--json out.json]
+    python benchmarks/adopt_bench.py --llama3     # a Llama-3.1-style source, adopted as step35
+
+--llama3: the source is SmolLM2 with `rope_freqs.weight` holding llama 3 scaling factors (factor 8,
+low/high frequency factors 1 and 4, an original context of 256 tokens, so they act over the text),
+as llama.cpp's converter writes them for Llama 3.1/3.2; `adopt` then re-expresses it as step35.
 
 The weights are the same bytes (llama's Q/K rows moved whole); what differs is the order in which
 the attention sums over its dimensions, and on a quantized model (SmolLM2 is Q4_1) the activations
@@ -57,12 +62,27 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
     }
 
 
+def llama3_source(src: Path, folder: Path) -> Path:
+    """SmolLM2 with llama 3 rope factors (benchmarks/step35_probe.py computes them as the converter does)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step35_probe import llama3_factors
+
+    from gguf_tools.gguf_file import open_gguf
+    from tests.hostile import edited
+
+    gf = open_gguf(src)
+    d = int(gf.arch_get("embedding_length")) // int(gf.arch_get("attention.head_count"))
+    factors = llama3_factors(d, float(gf.arch_get("rope.freq_base", 10000.0)), 8.0, 1.0, 4.0, 256)
+    return edited(src, folder / "llama3.gguf", add=(("rope_freqs.weight", factors),))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text", type=Path, default=ROOT / "README.md")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--llama3", action="store_true", help="add llama 3 rope factors to the source first")
     args = ap.parse_args()
     from gguf_tools import ops
     from mtp_cli import llama_ext as lx
@@ -71,6 +91,8 @@ def main() -> None:
     lx.quiet_logs()
     src = source_model()
     with tempfile.TemporaryDirectory() as d:
+        if args.llama3:
+            src = llama3_source(src, Path(d))
         adopted_path = Path(d) / "adopted.gguf"
         ops.adopt(src, adopted_path)
         orig, adopted = lx.load_model(src), lx.load_model(adopted_path)
@@ -88,7 +110,8 @@ def main() -> None:
     res["original fa on vs off"] = compare(runs[names[0]], runs[names[1]])
     res["adopted vs original, fa on"] = compare(runs[names[0]], runs[names[2]])
     res["adopted vs original, fa off"] = compare(runs[names[1]], runs[names[3]])
-    print(f"SmolLM2-135M-Instruct Q4_1, {len(toks)} tokens of {args.text.name}, teacher-forced")
+    what = "with llama 3 rope factors, adopted as step35" if args.llama3 else "adopted as glm4moe"
+    print(f"SmolLM2-135M-Instruct Q4_1 {what}, {len(toks)} tokens of {args.text.name}, teacher-forced")
     for k, v in res["perplexity"].items():
         print(f"  perplexity, {k}: {v:.3f}")
     for k in ("original fa on vs off", "adopted vs original, fa on", "adopted vs original, fa off"):

@@ -5,6 +5,7 @@ the file loads and decodes with its head slot (drafted output = plain), and what
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,14 +72,44 @@ def test_the_adopted_file_decodes_with_its_head_slot(llama3, tmp_path):
         assert [e.token for e in gen] == plain and gen.stats.n_drafted > 0
 
 
-def test_training_its_head_is_one_line_for_now(llama3, tmp_path):
+def test_the_torch_head_computes_what_llama_cpps_step35_mtp_graph_does(llama3, tmp_path):
+    """The trainer's mirror of step35's head (h before the output norm, no rope factors on the
+    sliding-window head block) against llama.cpp: step 1, its h rows, and draft step 2."""
+    pytest.importorskip("torch").set_num_threads(1)
+    from tests.trainkit import check_parity
+
     out = tmp_path / "adopted.gguf"
     ops.adopt(llama3, out)
-    from gguf_tools.errors import RefusedError
-    from mtp_cli.train.trunk import TrunkParams
+    check_parity(out)
 
-    with pytest.raises(RefusedError, match="cannot be trained yet"):
-        TrunkParams.from_gguf(open_gguf(out))
+
+def test_a_short_training_run_gives_the_adopted_llama3_a_head_that_drafts(llama3, tmp_path):
+    """train on the tiny Llama-3-style trunk (adopted on the fly as step35): greedy output with the
+    trained head equals plain decoding's, with drafts accepted."""
+    pytest.importorskip("torch").set_num_threads(1)
+    from mtp_cli.train.data import CollectConfig
+    from mtp_cli.train.pipeline import TrainJob, run_train
+    from mtp_cli.train.trainer import TrainConfig
+    from tests.trainkit import tiny_sources
+
+    txt, pr = tiny_sources(tmp_path)
+    job = TrainJob(
+        model=llama3,
+        out=tmp_path / "out.gguf",
+        texts=[txt],
+        prompts=pr,
+        seed=0,
+        collect=CollectConfig(max_len=64, max_new=32),
+        train=TrainConfig(minutes=0, max_steps=120, batch_seqs=8, lr=3e-3, eval_every_s=1e9, eval_rows=512),
+    )
+    run_train(job)
+    assert open_gguf(job.out).arch == TARGET
+    with Runtime(job.out, spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello world the a")
+        cfg = GenConfig(temp=0.0, n_predict=48, n_threads=1, n_ctx=256, ignore_eos=True)
+        plain = [e.token for e in rt.generate(prompt, cfg)]
+        gen = rt.generate(prompt, replace(cfg, spec_type="mtp", draft_n_max=2))
+        assert [e.token for e in gen] == plain and gen.stats.n_accepted > 0, gen.stats.acceptance
 
 
 def test_inspect_says_it_adopts_as_step35(llama3):

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gguf_tools import ops
+from gguf_tools import ops, step35_head
+from gguf_tools.adopt import SourceDims
+from gguf_tools.adopt_step35 import TARGET as STEP35
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.gguf_write import FileTensor, WritePlan, check_output
 from gguf_tools.glm4moe_head import HeadDims, head_block_tensors
@@ -39,7 +41,12 @@ def sidecar_plan(
         for n in SIDECAR_SHARED
         if (t := trunk.tensors.get(n)) is not None
     ]
-    head = head_block_tensors(n_trunk, HeadDims.from_gguf(trunk), dict(weights), head_type=head_type)
+    dims = HeadDims.from_gguf(trunk)
+    if trunk.arch == STEP35:  # (an adopted Llama 3.x: adopt_step35's dense block, its names)
+        sd = SourceDims("llama", n_trunk, dims.n_embd, dims.head_dim, [dims.n_head], [dims.n_head_kv], dims.n_ff)
+        head = step35_head.head_block_tensors(sd, head_type=head_type, weights=weights)
+    else:
+        head = head_block_tensors(n_trunk, dims, dict(weights), head_type=head_type)
     if own_output:
         head.append(own_output_tensor(trunk, n_trunk, own_output))
     return WritePlan(trunk.arch, trunk.alignment, kvs, [*shared, *head])

@@ -195,6 +195,9 @@ class MtpHead(nn.Module):
         x = x + self.mm(F.silu(self.mm(y, "ffn_gate")) * self.mm(y, "ffn_up"), "ffn_down")
         if self.has("ffn_down_shexp"):  # glm4moe's shared expert: the MLP's second half
             x = x + self.mm(F.silu(self.mm(y, "ffn_gate_shexp")) * self.mm(y, "ffn_up_shexp"), "ffn_down_shexp")
+        return x if self.params.h_prenorm else self.head_norm(x)
+
+    def head_norm(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.W("shared_head_norm") if self.has("shared_head_norm") else self.output_norm
         return rms(x, norm, self.eps)
 
@@ -239,7 +242,10 @@ class MtpHead(nn.Module):
         return self.finish(x, attn)
 
     def logits(self, hout: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (float32) of hout rows (..., E): over the full vocabulary, or only the columns `cols`."""
+        """Logits (float32) of hout rows (..., E): over the full vocabulary, or only the columns `cols`
+        (a step35 hout is the block's output before the head's norm: normed here)."""
+        if self.params.h_prenorm:
+            hout = self.head_norm(hout)
         if self.fast and self._out_bf16 is not None:
             w = self._out_bf16 if cols is None else self._out_bf16[cols]
             return (hout.to(torch.bfloat16) @ w.T).float()

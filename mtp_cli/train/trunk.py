@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf_tools import step35_head
 from gguf_tools.adopt import PROVENANCE_KEY
+from gguf_tools.adopt_step35 import TARGET as STEP35
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.glm4moe_head import BLOCK_NAMES, SHEXP, HeadDims, random_weights, unpack_head_block
@@ -21,9 +23,11 @@ from gguf_tools.names import ADOPT_TARGET, OUTPUT_NORM, TOKEN_EMBD
 ARCH = ADOPT_TARGET
 
 # trunk block tensor suffix -> the head's short weight name (glm4moe_head's names)
-_BLOCK_NAMES = {suffix: short for short, suffix in BLOCK_NAMES.items()} | {
-    f"ffn_{k}.weight": f"ffn_{k}" for k in ("gate", "up", "down")
-}
+_BLOCK_NAMES = (
+    {suffix: short for short, suffix in BLOCK_NAMES.items()}
+    | {f"ffn_{k}.weight": f"ffn_{k}" for k in ("gate", "up", "down")}
+    | {"ffn_norm.weight": "post_attention_norm"}
+)  # (a step35 trunk's blocks name it as llama does)
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,14 @@ class TrunkParams:
     rope_scale: float  # ggml's freq_scale (1 / linear scaling factor)
     has_head_slot: bool
     tied_output: bool
+    # step35 (an adopted Llama 3.x): the h handed on is taken before the output norm, the head's
+    # rope has no factors (its block is the sliding-window one)
+    h_prenorm: bool = False
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> TrunkParams:
-        if gf.arch == "step35" and gf.get(PROVENANCE_KEY):
-            raise RefusedError(
-                "an adopted Llama 3.x trunk (step35) cannot be trained yet: its decoding runs, its head's "
-                "torch mirror is not built",
-                gf.path,
-            )
-        if gf.arch != ARCH:
+        step35 = gf.arch == STEP35 and bool(gf.get(PROVENANCE_KEY))  # (adopt_step35's dense head)
+        if gf.arch != ARCH and not step35:
             raise RefusedError(
                 f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}", gf.path
             )
@@ -57,8 +59,8 @@ class TrunkParams:
         if lay.nextn_layers > 1:
             raise RefusedError(f"has {lay.nextn_layers} head blocks; glm4moe's MTP graph runs exactly one", gf.path)
         dims = HeadDims.from_gguf(gf)
-        n_rot = int(gf.arch_get("rope.dimension_count", dims.head_dim))
-        factor = gf.arch_get("rope.scaling.factor")
+        n_rot = int(gf.arch_get("rope.dimension_count_swa" if step35 else "rope.dimension_count", dims.head_dim))
+        factor = None if step35 else gf.arch_get("rope.scaling.factor")
         scaling = gf.arch_get("rope.scaling.type")
         if scaling not in (None, "none", "linear"):
             raise RefusedError(f"rope scaling {scaling!r} is not supported by the trainer's head", gf.path)
@@ -72,10 +74,13 @@ class TrunkParams:
             int(n_vocab),
             float(gf.arch_get("attention.layer_norm_rms_epsilon")),
             n_rot,
-            float(gf.arch_get("rope.freq_base", 10000.0)),
+            float(
+                gf.arch_get("rope.freq_base_swa" if step35 else "rope.freq_base") or gf.arch_get("rope.freq_base", 1e4)
+            ),
             1.0 / float(factor) if factor else 1.0,
             lay.nextn_layers == 1,
             gf.output_name == TOKEN_EMBD,
+            h_prenorm=step35,
         )
 
 
@@ -113,7 +118,7 @@ class Trunk:
             return None
         i = self.params.n_trunk
         arrays = {n: self.tensor(n) for n in self.gf.tensors if n.startswith(f"blk.{i}.")}
-        return unpack_head_block(arrays, i)
+        return step35_head.unpack_head_block(arrays, i) if self.params.h_prenorm else unpack_head_block(arrays, i)
 
 
 def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool = False) -> dict[str, np.ndarray]:
@@ -139,6 +144,8 @@ def initial_weights(trunk: Trunk, init: str, seed: int = 0, shared_expert: bool 
     w = {k: np.array(v, dtype=np.float32) for k, v in w.items()}
     if init != "slot":  # (a slot keeps its shared expert when it has a trained one)
         w = {k: v for k, v in w.items() if k not in SHEXP}
+        if shared_expert and p.h_prenorm:
+            raise RefusedError("step35's head block has no shared expert to train", trunk.gf.path)
         if shared_expert:
             rng = np.random.default_rng([seed, 7])
             F, E = w["ffn_gate"].shape
