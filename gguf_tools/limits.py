@@ -176,7 +176,8 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "step35-rope",
-        "src/models/step35.cpp:9; ops.cpp:6356 rope.dimension_count / 2 is even and > 0",
+        "src/models/step35.cpp:9; ops.cpp:6356 rope.dimension_count / 2 is even, > 0, at most the head dim; "
+        "rope.dimension_count_swa (default: rope.dimension_count) too on sliding-window blocks",
         "aborts",
         "step35",
     ),

@@ -117,3 +117,23 @@ def test_inspect_says_it_adopts_as_step35(llama3):
 
     rep = inspect_file(llama3)
     assert rep.adoptable and "re-expressed exactly as step35" in rep.advice and "mtp-cli adopt" in rep.advice
+
+
+def test_a_step35_rope_llama_cpp_would_abort_on_is_one_line(llama3, tmp_path):
+    """The head block rotates rope.dimension_count_swa dims; left out, it is the unhalved count (twice
+    the head dimension), on which ggml's rope asserts: refused before llama.cpp sees the file."""
+    from gguf import GGUFValueType
+
+    from gguf_tools.errors import BadFileError
+    from gguf_tools.loadable import require_loadable
+
+    out = tmp_path / "adopted.gguf"
+    ops.adopt(llama3, out)
+    require_loadable(open_gguf(out).scan, out, mtp=True)
+    for kvs, drop in (
+        ({}, ("step35.rope.dimension_count_swa",)),
+        ({"step35.rope.dimension_count_swa": (18, GGUFValueType.UINT32)}, ()),
+    ):
+        bad = edited(out, tmp_path / "bad.gguf", kvs=kvs, drop_kvs=drop)
+        with pytest.raises(BadFileError, match="step35.rope.dimension_count_swa"):
+            require_loadable(open_gguf(bad).scan, bad, mtp=True)

@@ -231,9 +231,15 @@ def _deepseek2(h: Header) -> Iterator[Problem]:
 def _swa(h: Header) -> Iterator[Problem]:
     yield from _swa_pattern(h, "required-key", "swa-pattern")
     if h.arch == "step35":
-        kr, n_rot = h.key("rope.dimension_count"), h.head_dims()[2]
-        if n_rot // 2 == 0 or (n_rot // 2) % 2:
-            yield problem("step35-rope", kr, f"{kr} = {n_rot}: half of it must be even and > 0")
+        dk, _, n_rot = h.head_dims()
+        kr = h.key("rope.dimension_count")
+        if n_rot // 2 == 0 or (n_rot // 2) % 2 or (dk and n_rot // 2 > dk):
+            yield problem("step35-rope", kr, f"{kr} = {n_rot}: half of it must be even, > 0 and at most {dk}")
+        # sliding-window blocks rotate rope.dimension_count_swa dims (default: the whole, unhalved count)
+        ks, n_swa = h.key("rope.dimension_count_swa"), h.u32("rope.dimension_count_swa", n_rot)
+        swa_dk = h.u32("attention.key_length_swa", dk)
+        if any(h.ints("attention.sliding_window_pattern") or []) and not (0 < n_swa <= swa_dk and n_swa % 2 == 0):
+            yield problem("step35-rope", ks, f"{ks} = {n_swa}: it must be even and 1 to the head dimension {swa_dk}")
 
 
 @check
