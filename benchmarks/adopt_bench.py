@@ -63,11 +63,9 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def llama3_source(src: Path, folder: Path) -> Path:
-    """SmolLM2 with llama 3 rope factors (benchmarks/step35_probe.py computes them as the converter does)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from step35_probe import llama3_factors
-
+    """SmolLM2 with llama 3 rope factors (computed as llama.cpp's converter does)."""
     from gguf_tools.gguf_file import open_gguf
+    from tests.factory import llama3_factors
     from tests.hostile import edited
 
     gf = open_gguf(src)

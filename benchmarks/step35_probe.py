@@ -34,28 +34,9 @@ from tests.factory import TinySpec, write_tiny_model  # noqa: E402
 from tests.hostile import edited  # noqa: E402
 
 
-def llama3_factors(head_dim: int, theta: float, factor: float, low: float, high: float, orig: int) -> np.ndarray:
-    """convert_hf_to_gguf's LlamaModel rope_freqs for rope_type llama3."""
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    low_wl, high_wl = orig / low, orig / high
-    out = []
-    for f in freqs:
-        wl = 2 * np.pi / f
-        if wl < high_wl:
-            out.append(1.0)
-        elif wl > low_wl:
-            out.append(factor)
-        else:
-            smooth = (orig / wl - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out, dtype=np.float32)
-
-
 def llama_source(folder: Path, dtype: str) -> Path:
-    spec = TinySpec(arch="llama", kind="trunk", dtype=dtype, n_trunk_layers=3, n_ctx_train=4096, trunk_mix=1.0)  # type: ignore[arg-type]
-    base = write_tiny_model(folder / "llama.gguf", spec)
-    factors = llama3_factors(spec.head_dim, spec.rope_theta, 8.0, 1.0, 4.0, 64)
-    return edited(base, folder / "llama3.gguf", add=(("rope_freqs.weight", factors),))
+    spec = TinySpec(arch="llama", kind="trunk", dtype=dtype, n_trunk_layers=3, trunk_mix=1.0, llama3_rope_orig=64)  # type: ignore[arg-type]
+    return write_tiny_model(folder / "llama3.gguf", spec)
 
 
 def as_step35(src: Path, out: Path) -> Path:

@@ -136,6 +136,9 @@ class TinySpec:
     head_noise: float = 0.0  # gaussian noise on the head's eh_proj (0 = exact bigram head)
 
     chat_template: str = ""  # "" : CHAT_TEMPLATE
+    # llama 3 rope scaling (llama only): rope_freqs.weight as convert_hf_to_gguf writes it for Llama
+    # 3.1/3.2 (factor 8, low/high 1 and 4), from this original context (short: the factors act)
+    llama3_rope_orig: int = 0
 
     # layout options
     head_optional: bool = False  # also write nextn.embed_tokens / shared_head_head / shared_head_norm
@@ -270,6 +273,8 @@ def _tensor_arrays(spec: TinySpec) -> dict[str, np.ndarray]:
     emb = g.normal("token_embd.weight", (V, E), 1.0)
     t["token_embd.weight"] = emb
     t["output_norm.weight"] = ones(E)
+    if spec.llama3_rope_orig:
+        t["rope_freqs.weight"] = llama3_factors(D, spec.rope_theta, 8.0, 1.0, 4.0, spec.llama3_rope_orig)
     if structured:
         perm = token_permutation(spec)
         out = np.zeros((V, E), dtype=np.float32)
@@ -462,6 +467,23 @@ def add_tiny_vocab(w: gguf.GGUFWriter) -> None:
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+
+
+def llama3_factors(head_dim: int, theta: float, factor: float, low: float, high: float, orig: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel rope_freqs for rope_type llama3."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    low_wl, high_wl = orig / low, orig / high
+    out = []
+    for f in freqs:
+        wl = 2 * np.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (orig / wl - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def write_tiny_model(path: str | Path, spec: TinySpec) -> Path:

@@ -27,17 +27,8 @@ from tests.test_adopt import teacher_forced
 @pytest.fixture(scope="module")
 def llama3(tmp_path_factory) -> Path:
     """A tiny llama with llama 3 rope factors whose original context is short (so they act)."""
-    sys_path = Path(__file__).resolve().parents[1] / "benchmarks"
-    import sys
-
-    sys.path.insert(0, str(sys_path))
-    from step35_probe import llama3_factors
-
-    root = tmp_path_factory.mktemp("llama3")
-    spec = TinySpec(arch="llama", kind="trunk", n_trunk_layers=3, trunk_mix=1.0)  # type: ignore[arg-type]
-    base = write_tiny_model(root / "llama.gguf", spec)
-    factors = llama3_factors(spec.head_dim, spec.rope_theta, 8.0, 1.0, 4.0, 64)
-    return edited(base, root / "llama3.gguf", add=(("rope_freqs.weight", factors),))
+    spec = TinySpec(arch="llama", kind="trunk", n_trunk_layers=3, trunk_mix=1.0, llama3_rope_orig=64)  # type: ignore[arg-type]
+    return write_tiny_model(tmp_path_factory.mktemp("llama3") / "llama3.gguf", spec)
 
 
 def test_a_llama3_trunk_adopts_as_step35_and_keeps_its_logits(llama3, tmp_path):
