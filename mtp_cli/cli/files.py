@@ -88,7 +88,8 @@ def extract(file: Path, out: Path, overwrite: bool, head_only: bool) -> None:
 
 @main.command(
     help=f"""Re-express a {" / ".join(ADOPTABLE_ARCHS)} GGUF exactly as glm4moe, an architecture
-    llama.cpp runs MTP for.
+    llama.cpp runs MTP for; a Llama 3.x one (rope_freqs: llama 3 rope scaling) as step35, always with
+    its head slot.
 
     Every trunk byte is kept except llama's Q/K rows, which move whole (nothing is requantized)."""
 )

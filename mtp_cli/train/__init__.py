@@ -1,4 +1,5 @@
-"""`mtp-cli train`: give a frozen glm4moe trunk (adopted or native) an MTP head (issue 5).
+"""`mtp-cli train`: give a frozen glm4moe trunk (adopted or native), or a step35 one adopted from Llama
+3.x, an MTP head (issue 5).
 
 Optional extra: torch is imported only by the modules that need it (head, trainer) and only when
 training runs; `require_torch()` turns a missing torch into one line.

@@ -2,10 +2,11 @@
 
     res = run_train(TrainJob(model=Path("smollm2.gguf"), out=Path("smollm2-mtp.gguf"), minutes=10))
 
-MODEL is a glm4moe trunk (adopted or native, with or without a head slot) or a llama / qwen2 /
-qwen3 GGUF, which is adopted on the fly into the work folder (OUT is then the adopted model plus
-the trained head). The work folder (default OUT + ".train/") keeps the adopted trunk, the
-collected data and the training checkpoint: running the same command again resumes.
+MODEL is a glm4moe trunk (adopted or native, with or without a head slot), a step35 one adopted
+from Llama 3.x, or a llama / qwen2 / qwen3 GGUF, which is adopted on the fly into the work folder
+(OUT is then the adopted model plus the trained head). The work folder (default OUT + ".train/")
+keeps the adopted trunk, the collected data and the training checkpoint: running the same command
+again resumes.
 """
 
 from __future__ import annotations
