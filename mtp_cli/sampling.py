@@ -132,6 +132,7 @@ class Chooser:
         self.grammar = lx.Grammar(model, cfg.grammar) if cfg.grammar else None
         self.n_top, self.verify_sampled = cfg.logprobs, verify_sampled
         self.probs: list[Probs] = []
+        self._picked: list[Probs] = []  # the grammar path's, as it picks
 
     def first(self, ctx: lx.Context, index: int, row: np.ndarray, history: Sequence[int]) -> int:
         """The token from the prompt's one output row (batch index `index`)."""
@@ -162,16 +163,24 @@ class Chooser:
         one-candidate check, else the argmax of the masked row)."""
         g = self.grammar
         assert g is not None
-        tok = int(row.argmax()) if self.sampler.greedy and self.n_top is None else -1
+        before = row.copy() if self.n_top is not None else None  # (log-probabilities: the model's, unmasked)
+        tok = int(row.argmax()) if self.sampler.greedy else -1
         if tok < 0 or not g.allows(tok):
             g.mask(row)
             tok = self.sampler.sample(ctx, index, row)
         g.accept(tok)
+        if before is not None and self.n_top is not None:
+            self._picked.append(log_probs(before, tok, self.n_top))
         return tok
 
     def _probs(self, rows: np.ndarray, chosen: Sequence[int]) -> None:
+        """Each chosen token's log-probability under its row as the edits left it, before the grammar's
+        mask (a grammar's picks noted them as they went: the rows are masked in place)."""
         if self.n_top is not None:
-            self.probs = [log_probs(rows[i], t, self.n_top) for i, t in enumerate(chosen)]
+            if self.grammar is not None:
+                self.probs, self._picked = self._picked, []
+            else:
+                self.probs = [log_probs(rows[i], t, self.n_top) for i, t in enumerate(chosen)]
 
     def close(self) -> None:
         self.sampler.close()
@@ -187,7 +196,7 @@ def log_probs(row: np.ndarray, token: int, n_top: int) -> tuple[float, tuple[tup
     if n_top:
         idx = np.argpartition(-row, min(n_top, row.shape[0] - 1))[:n_top]
         idx = idx[np.argsort(-row[idx], kind="stable")]
-        top = tuple((int(i), float(row[i]) - lse) for i in idx)
+        top = tuple((int(i), float(row[i]) - lse) for i in idx if np.isfinite(row[i]))  # (a banned token is none)
     return float(row[token]) - lse, top
 
 

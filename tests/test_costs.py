@@ -49,3 +49,8 @@ def test_measure_costs_directly(models, arch):
         # the runtime still generates plain decoding's tokens afterwards (the contexts were left clean)
         ref = tokens(rt, prompt, greedy(n_predict=24))
         assert tokens(rt, prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=3)) == ref
+        # what a generation left in memory is gone after a measurement: nothing is kept from it
+        list(rt.generate(prompt, greedy(n_predict=8, spec_type="mtp", draft_n_max=3), reuse=True))
+        measure_costs(rt, greedy(), 1, prompt, rounds=1, reps=1)
+        again = rt.generate(prompt, greedy(n_predict=24, spec_type="mtp", draft_n_max=3), reuse=True)
+        assert [e.token for e in again] == ref and again.stats.n_cached == 0

@@ -397,3 +397,43 @@ def test_langchain_bind_tools_and_with_structured_output(generic):
     assert isinstance(after.content, str)
     shaped = llm.with_structured_output(Answer, method="json_schema").invoke("the cat")
     assert isinstance(shaped, Answer)
+
+
+def test_review_fixes_logprobs_under_a_grammar_offsets_and_server_penalties(served):
+    """Found by review: under a grammar the alternatives' log-probabilities were the masked row's
+    (-inf, which json.dumps writes as -Infinity: no client parses it); a stream's text_offset drifted
+    when text was held back; a request without penalties reset the server's own to 0."""
+    from mtp_cli.serve.requests import ChatRequest
+
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "grammar": 'root ::= "a" "b"',
+        "logprobs": True,
+        "top_logprobs": 20,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+    }
+    c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    raw = c.getresponse().read().decode()
+    c.close()
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    docs = [json.loads(e[6:], parse_constant=refuse) for e in raw.split("\n\n") if e.startswith("data: {")]
+    entries = [
+        x for d in docs if d["choices"] and d["choices"][0]["logprobs"] for x in d["choices"][0]["logprobs"]["content"]
+    ]
+    assert [x["token"] for x in entries] == ["a", "b"] and all(len(x["top_logprobs"]) == 20 for x in entries)
+    t = served.client().completions.create(
+        model="m", prompt="the cat", max_tokens=12, temperature=0, logprobs=2, stream=True, stop=["zzzz"]
+    )
+    toks, offs = [], []
+    for ch in t:
+        if ch.choices and ch.choices[0].logprobs:
+            toks += ch.choices[0].logprobs.tokens
+            offs += ch.choices[0].logprobs.text_offset
+    assert offs == [sum(len(x) for x in toks[:i]) for i in range(len(toks))] and len(toks) == 12
+    assert "presence_penalty" not in ChatRequest(messages=[{"role": "user", "content": "x"}]).overrides()

@@ -289,7 +289,7 @@ async def _sse(
             ev = await events.get()
             if isinstance(ev, Delta):
                 lps = _logprobs(obj, ev.probs, offset) if ev.probs else None
-                offset += len(ev.text)
+                offset += sum(len(p.text) for p in ev.probs)  # (the tokens' own texts: held-back text included)
                 yield chunk([_choice(obj, ev.text, None, delta=True, logprobs=lps)])
             elif isinstance(ev, Done):
                 if ev.tool_calls:  # (each call whole, in one delta: clients join deltas by index)

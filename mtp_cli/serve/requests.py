@@ -62,8 +62,8 @@ class Sampling(Strict):
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     n: Optional[int] = 1
-    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)  # (None: the server's own)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None  # token id -> bias (-100: never, as OpenAI's)
     grammar: Optional[str] = None  # (llama-server's: GBNF)
     json_schema: Optional[dict[str, Any]] = None  # (llama-server's)

@@ -140,6 +140,7 @@ def measure_costs(
                 probe.verify_block(n)
     finally:
         lx.memory_clear(ctxs.target)
+        ctxs.held = None  # (the memory no longer holds what the last generation left)
         d.begin([])
     return probe.result()
 
