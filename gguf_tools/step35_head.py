@@ -18,28 +18,15 @@ from gguf import GGMLQuantizationType
 
 from gguf_tools.adopt import SourceDims
 from gguf_tools.gguf_write import ArrayTensor, Tensor
+from gguf_tools.glm4moe_head import HeadDims
 from gguf_tools.names import nextn_suffix
 from gguf_tools.surgery import convert_head_tensor
 
 
 def head_shapes(d: SourceDims) -> dict[str, tuple[int, ...]]:
-    """Tensor suffix (after `blk.{i}.`) -> numpy-order shape."""
-    E, D, F = d.n_embd, d.head_dim, d.n_ff
-    q, kv = d.n_head[-1] * D, d.n_head_kv[-1] * D
-    return {
-        "attn_norm.weight": (E,),
-        "attn_q.weight": (q, E),
-        "attn_k.weight": (kv, E),
-        "attn_v.weight": (kv, E),
-        "attn_output.weight": (E, q),
-        "ffn_norm.weight": (E,),
-        "ffn_gate.weight": (F, E),
-        "ffn_up.weight": (F, E),
-        "ffn_down.weight": (E, F),
-        nextn_suffix("eh_proj"): (E, 2 * E),
-        nextn_suffix("enorm"): (E,),
-        nextn_suffix("hnorm"): (E,),
-    }
+    """Tensor suffix (after `blk.{i}.`) -> numpy-order shape: glm4moe's head's dense weights, step35's names."""
+    dims = HeadDims(d.n_embd, d.n_head[-1], d.n_head_kv[-1], d.head_dim, d.n_ff)
+    return {SHORT[k]: shape for k, shape in dims.shapes().items() if k in SHORT and k != "shared_head_norm"}
 
 
 # the trainer's short weight names (gguf_tools.glm4moe_head's) -> step35 tensor suffixes
