@@ -200,8 +200,8 @@ class VerifyLoop:
         st.n_verify += 1
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
         edits = self.chooser.edits
-        recent = self.decoded[-edits.last_n :] if edits.penalty is not None else []
-        return self.chooser.verify(self.tgt, rows, drafts, [*recent, self.id_last])
+        history = [*self.decoded[-edits.last_n :], self.id_last] if edits.penalty is not None else ()
+        return self.chooser.verify(self.tgt, rows, drafts, history)
 
     def _settle(self, drafts: list[int], a: int, nxt: int) -> None:
         """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""
