@@ -49,6 +49,11 @@ def wants_step35(gf: GGUFFile) -> bool:
     return gf.arch == "llama" and ROPE_FREQS in gf.tensors
 
 
+def adopted(gf: GGUFFile) -> bool:
+    """A step35 file `adopt` wrote from a Llama 3.x trunk (its head block dense, as this module writes it)."""
+    return gf.arch == TARGET and bool(gf.get(PROVENANCE_KEY))
+
+
 def plan_trunk(gf: GGUFFile, dims: SourceDims) -> list[Tensor]:
     out: list[Tensor] = []
     for t in gf.tensors.values():
@@ -124,4 +129,4 @@ def blocker(gf: GGUFFile) -> str | None:
     return None
 
 
-__all__ = ["TARGET", "wants_step35", "plan_adopt_step35", "adopted_kvs", "plan_trunk", "blocker"]
+__all__ = ["TARGET", "wants_step35", "adopted", "plan_adopt_step35", "adopted_kvs", "plan_trunk", "blocker"]

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gguf_tools.adopt import PROVENANCE_KEY
+from gguf_tools.adopt_step35 import TARGET as STEP35
 from gguf_tools.adopt_step35 import blocker as adopt_blocker
+from gguf_tools.adopt_step35 import wants_step35
 from gguf_tools.archs import record
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.loadable import problems
@@ -162,7 +164,7 @@ def _no_graph_advice(gf: GGUFFile, rep: InspectReport, name: str) -> str:
             "-md ASSISTANT.gguf --spec-type mtp"
         )
     if rep.adoptable:
-        target = "step35" if gf.arch == "llama" and "rope_freqs.weight" in gf.tensors else "glm4moe"
+        target = STEP35 if wants_step35(gf) else "glm4moe"
         return why + f"; it can be re-expressed exactly as {target}, which has one: mtp-cli adopt {name} -o OUT.gguf"
     if rep.adopt_blocker:
         return (

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gguf_tools import ops
-from gguf_tools.adopt import PROVENANCE_KEY
+from gguf_tools.adopt_step35 import adopted as adopted_step35
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import open_gguf
 from gguf_tools.gguf_write import check_output
@@ -102,7 +102,7 @@ def heldout_prompts(prompts: Sequence[str], seed: int = 0, frac: float | None = 
 def prepare_trunk(job: TrainJob) -> Path:
     """MODEL itself when it is glm4moe, else its adoption in the work folder (made once)."""
     gf = open_gguf(job.model)
-    if gf.arch == ADOPT_TARGET or (gf.arch == "step35" and gf.get(PROVENANCE_KEY)):
+    if gf.arch == ADOPT_TARGET or adopted_step35(gf):
         return job.model  # (a trunk already adopted: as glm4moe, or as step35 for Llama 3.x)
     if gf.arch not in ADOPTABLE_ARCHS:
         raise RefusedError(

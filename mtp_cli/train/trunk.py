@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gguf_tools import step35_head
-from gguf_tools.adopt import PROVENANCE_KEY
-from gguf_tools.adopt_step35 import TARGET as STEP35
+from gguf_tools.adopt_step35 import adopted as adopted_step35
 from gguf_tools.errors import RefusedError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
 from gguf_tools.glm4moe_head import BLOCK_NAMES, SHEXP, HeadDims, random_weights, unpack_head_block
@@ -50,7 +49,7 @@ class TrunkParams:
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> TrunkParams:
-        step35 = gf.arch == STEP35 and bool(gf.get(PROVENANCE_KEY))  # (adopt_step35's dense head)
+        step35 = adopted_step35(gf)  # (adopt_step35's dense head)
         if gf.arch != ARCH and not step35:
             raise RefusedError(
                 f"training needs a glm4moe trunk (adopt a llama/qwen2/qwen3 one first), not {gf.arch!r}", gf.path
