@@ -101,23 +101,12 @@ def _eos_after(orig, x: int):
 def trained(tmp_path_factory):
     """One short training run on a tiny adopted trunk, shared by the train tests."""
     pytest.importorskip("torch").set_num_threads(1)
-    from mtp_cli.train.data import CollectConfig
-    from mtp_cli.train.pipeline import TrainJob, run_train
-    from mtp_cli.train.trainer import TrainConfig
-    from tests.trainkit import tiny_sources, tiny_trunk
+    from mtp_cli.train.pipeline import run_train
+    from tests.trainkit import tiny_train_job, tiny_trunk
 
     d = tmp_path_factory.mktemp("train")
     src = tiny_trunk(d)
-    txt, pr = tiny_sources(d)
-    job = TrainJob(
-        model=src,
-        out=d / "out.gguf",
-        texts=[txt],
-        prompts=pr,
-        seed=0,
-        collect=CollectConfig(max_len=64, max_new=32),
-        train=TrainConfig(minutes=0, max_steps=120, batch_seqs=8, lr=3e-3, eval_every_s=1e9, eval_rows=512),
-    )
+    job = tiny_train_job(d, src)
     stages: list[str] = []
     res = run_train(job, on_stage=stages.append)
     return {"dir": d, "src": src, "job": job, "res": res, "stages": stages}

@@ -78,21 +78,10 @@ def test_a_short_training_run_gives_the_adopted_llama3_a_head_that_drafts(llama3
     """train on the tiny Llama-3-style trunk (adopted on the fly as step35): greedy output with the
     trained head equals plain decoding's, with drafts accepted."""
     pytest.importorskip("torch").set_num_threads(1)
-    from mtp_cli.train.data import CollectConfig
-    from mtp_cli.train.pipeline import TrainJob, run_train
-    from mtp_cli.train.trainer import TrainConfig
-    from tests.trainkit import tiny_sources
+    from mtp_cli.train.pipeline import run_train
+    from tests.trainkit import tiny_train_job
 
-    txt, pr = tiny_sources(tmp_path)
-    job = TrainJob(
-        model=llama3,
-        out=tmp_path / "out.gguf",
-        texts=[txt],
-        prompts=pr,
-        seed=0,
-        collect=CollectConfig(max_len=64, max_new=32),
-        train=TrainConfig(minutes=0, max_steps=120, batch_seqs=8, lr=3e-3, eval_every_s=1e9, eval_rows=512),
-    )
+    job = tiny_train_job(tmp_path, llama3)
     run_train(job)
     assert open_gguf(job.out).arch == TARGET
     with Runtime(job.out, spec_type="mtp") as rt:

@@ -32,6 +32,24 @@ def tiny_trunk(tmp: Path, arch: str = "llama", **kw) -> Path:
     )
 
 
+def tiny_train_job(d: Path, model: Path):
+    """A short training run's job on a tiny trunk (the shared `trained` run's settings)."""
+    from mtp_cli.train.data import CollectConfig
+    from mtp_cli.train.pipeline import TrainJob
+    from mtp_cli.train.trainer import TrainConfig
+
+    txt, pr = tiny_sources(d)
+    return TrainJob(
+        model=model,
+        out=d / "out.gguf",
+        texts=[txt],
+        prompts=pr,
+        seed=0,
+        collect=CollectConfig(max_len=64, max_new=32),
+        train=TrainConfig(minutes=0, max_steps=120, batch_seqs=8, lr=3e-3, eval_every_s=1e9, eval_rows=512),
+    )
+
+
 def tiny_sources(tmp: Path, n_docs: int = 24, n_prompts: int = 24) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
     txt, pr = tmp / "text.txt", tmp / "prompts.txt"
