@@ -9,7 +9,8 @@ Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). 
 from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
 RPC devices for the process's life); each row loads the model on that row's devices (-dev), runs
 none, mtp at each N and adaptive interleaved repeat by repeat (medians), and prints tokens/s and the
-ratio to plain decoding in the same row. Writes JSON.
+ratio to plain decoding in the same row; "mtp off" is the MTP drafter loaded but never asked to draft
+(the target still computes its h rows, which over RPC is one more round trip a token). Writes JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from mtp_cli import llama_ext as lx  # noqa: E402
 from mtp_cli.config import GenConfig, Placement  # noqa: E402
 from mtp_cli.llama_ext.rpc import hello  # noqa: E402
+from mtp_cli.policy import DraftPolicy  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
 from mtp_cli.session import Session  # noqa: E402
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController  # noqa: E402
@@ -98,6 +100,13 @@ class DelayProxy:
         await asyncio.gather(rx(), tx())
 
 
+class NeverDraft(DraftPolicy):
+    """The drafter loaded and in step, never asked to draft: what MTP costs before it drafts at all."""
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        return 0
+
+
 def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str], args: argparse.Namespace) -> dict:
     placement = Placement(device=tuple(devices), n_gpu_layers_draft=0 if head_local else None)
     base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024)
@@ -110,6 +119,7 @@ def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str
         settings.append(
             Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController)
         )
+        settings.append(Setting("mtp off", replace(mtp, draft_n_max=1), lambda: NeverDraft(1)))
         res = interleaved(rt, toks, settings, args.repeats)
     none = res["none"].stats.tokens_per_second
     return {k: {"tps": r.stats.tokens_per_second, "ratio": r.stats.tokens_per_second / none} for k, r in res.items()}
