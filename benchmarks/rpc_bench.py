@@ -3,14 +3,18 @@ packet (0, 1, 5 ms each way), one or two servers, the model's own head remote (w
 local (-ngld 0: loaded as a sidecar of its own on this machine), against plain decoding, in one run.
 
     python benchmarks/rpc_bench.py [-m MODEL.gguf] [--delays 0 1 5] [--servers 1 2] [-N 1 2 3]
-                                   [-n 32] [--repeats 2] [--prompts 2]
+                                   [-n 32] [--repeats 3] [--prompts 2] [--tune-budget 40]
 
 Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). The servers are built
 from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
-RPC devices for the process's life); each row loads the model on that row's devices (-dev), runs
-none, mtp at each N and adaptive interleaved repeat by repeat (medians), and prints tokens/s and the
-ratio to plain decoding in the same row; "mtp off" is the MTP drafter loaded but never asked to draft
-(the target still computes its h rows, which over RPC is one more round trip a token). Writes JSON.
+RPC devices for the process's life); each row first runs `tune` on that row's devices (-dev) and
+placement (its profile saved in a scratch config directory, keyed by them as `--rpc` would key it),
+then loads the model there and runs none, mtp at each N, auto (what `--draft auto` resolves to with
+that profile) and adaptive (no profile: one controller learning across the row's generations, as a
+`serve` or `-cnv` session keeps it) interleaved repeat by repeat (medians), and prints tokens/s and
+the ratio to plain decoding in the same row. "in step" is the MTP drafter kept in step but never
+asked to draft: the target computes its h rows every token, over RPC one more round trip (what an
+asleep drafter does not pay: its target computes none). Writes JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -37,7 +42,9 @@ from mtp_cli.policy import DraftPolicy  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
 from mtp_cli.session import Session  # noqa: E402
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController  # noqa: E402
+from mtp_cli.speed.auto import AutoDraft  # noqa: E402
 from mtp_cli.speed.runs import PROMPTS, Setting, interleaved, setting_name  # noqa: E402
+from mtp_cli.speed.tune import tune  # noqa: E402
 from mtp_cli.user_cache import cache_dir  # noqa: E402
 
 
@@ -49,7 +56,8 @@ def free_port() -> int:
 
 def start_server(binary: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"], stderr=subprocess.DEVNULL)
+    cmd = [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(150):
         try:
             hello(f"127.0.0.1:{port}", timeout=1)
@@ -109,20 +117,36 @@ class NeverDraft(DraftPolicy):
 
 def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str], args: argparse.Namespace) -> dict:
     placement = Placement(device=tuple(devices), n_gpu_layers_draft=0 if head_local else None)
-    base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024)
-    with Runtime(model, spec_type="mtp", n_gpu_layers=99, placement=placement) as rt:
-        s = Session(rt)
-        toks = [s.chat([{"role": "user", "content": p}]).tokens for p in prompts]
-        mtp = replace(base, spec_type="mtp")
-        settings = [Setting("none", base)]
-        settings += [Setting(setting_name("mtp", n), replace(mtp, draft_n_max=n)) for n in args.n_values]
-        settings.append(
-            Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController)
+    base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024, n_gpu_layers=99)
+    with tempfile.TemporaryDirectory() as profiles_dir:
+        tuned = tune(
+            model,
+            n_threads=1,
+            n_gpu_layers=99,
+            placement=placement,
+            budget=args.tune_budget,
+            config_dir=Path(profiles_dir),
         )
-        settings.append(Setting("mtp off", replace(mtp, draft_n_max=1), lambda: NeverDraft(1)))
-        res = interleaved(rt, toks, settings, args.repeats)
+        with Runtime(model, spec_type="mtp", n_gpu_layers=99, placement=placement) as rt:
+            s = Session(rt)
+            toks = [s.chat([{"role": "user", "content": p}]).tokens for p in prompts]
+            mtp = replace(base, spec_type="mtp")
+            auto = AutoDraft(rt, Path(profiles_dir)).resolve(replace(mtp, draft_mode="auto"))
+            assert auto.mode == "profile", "tune's profile was not found under this row's key"
+            ctl = AdaptiveController(ADAPTIVE_N_MAX)
+            settings = [Setting("none", base)]
+            settings += [Setting(setting_name("mtp", n), replace(mtp, draft_n_max=n)) for n in args.n_values]
+            settings.append(Setting("auto", auto.config))
+            settings.append(
+                Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ctl.n_max), lambda: ctl)
+            )
+            settings.append(Setting("in step", replace(mtp, draft_n_max=1), lambda: NeverDraft(1)))
+            res = interleaved(rt, toks, settings, args.repeats)
     none = res["none"].stats.tokens_per_second
-    return {k: {"tps": r.stats.tokens_per_second, "ratio": r.stats.tokens_per_second / none} for k, r in res.items()}
+    out = {k: {"tps": r.stats.tokens_per_second, "ratio": r.stats.tokens_per_second / none} for k, r in res.items()}
+    out["auto"]["tuned"] = tuned.best.name if tuned.best else None
+    out["adaptive"]["now"] = ctl.describe()
+    return out
 
 
 def main() -> None:
@@ -132,8 +156,9 @@ def main() -> None:
     ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("-N", "--n-values", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("-n", "--n-predict", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--tune-budget", type=float, default=40.0, help="seconds of `tune` per row")
     ap.add_argument("--json", type=Path, default=Path("rpc_bench.json"))
     args = ap.parse_args()
     lx.quiet_logs()
@@ -162,6 +187,7 @@ def main() -> None:
                     rows.append({"servers": n_servers, "delay_ms": d, "head": "local" if head_local else "remote", **r})
                     cells = "  ".join(f"{k} {v['tps']:6.1f} ({v['ratio']:.2f}x)" for k, v in r.items())
                     print(f"{n_servers} server(s), +{d:g} ms, head {rows[-1]['head']:6}: {cells}", flush=True)
+                    print(f"    tune chose {r['auto']['tuned']}; {r['adaptive']['now']}", flush=True)
     finally:
         for proc, _ in servers:
             proc.terminate()

@@ -85,6 +85,7 @@ class VerifyLoop:
         self.emitted = self.step = self.n_past = self.id_last = 0
         self.k = self.a = -1  # drafted / accepted by the last step (-1: before the first)
         self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
+        self.h_on: Optional[bool] = None  # the target computes its h rows (nextn embeddings) for its decodes
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
         self.suspended = False  # at a yield: a generation closed there leaves a known memory
@@ -138,6 +139,7 @@ class VerifyLoop:
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
+        self._h_rows(True)
         decode_prompt(tgt, vb, d, prompt, keep)
         row = lx.logits_rows(tgt, 1, self.V)[0]
         first = self.id_last = self.chooser.first(tgt, vb.n_tokens - 1, row, prompt)
@@ -164,15 +166,24 @@ class VerifyLoop:
         drafts: list[int] = []
         if p.sleep and d.can_sleep and k_max <= 0:
             self.asleep = True
+            self._h_rows(p.quiet <= 0)  # (only the step before the policy may wake the drafter needs one)
         else:
             if self.asleep:
-                d.restart(self.n_past)
+                d.restart(self.n_past, bool(self.h_on))  # (the last decode's h row, if it computed one)
                 self.asleep = False
+                self._h_rows(True)
             if self.n_max > 0:
                 drafts = self._guided(k_max)
             if p.shadow:
                 self.shadow, drafts = drafts, []
         return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
+
+    def _h_rows(self, on: bool) -> None:
+        """Whether the target computes h rows: only while its drafter reads them (an asleep one does
+        not). Over RPC fetching them is one more round trip per decode."""
+        if self.drafter.target_h and on is not self.h_on:
+            lx.set_embeddings_nextn(self.tgt, on, False)
+            self.h_on = on
 
     def _guided(self, k_max: int) -> list[int]:
         """The drafter's drafts, picked among what a copy of the target's grammar allows (when there

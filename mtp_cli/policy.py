@@ -20,6 +20,8 @@ class DraftPolicy:
     shadow: bool = False
     #: drafting is off for now: a drafter that can resume cold (Drafter.can_sleep) is not called
     sleep: bool = False
+    #: steps step() will answer without looking (what it returns, and `sleep`, stay as they are)
+    quiet: int = 0
 
     def __init__(self, n_max: int):
         self.n_max = int(n_max)

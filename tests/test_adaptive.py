@@ -10,6 +10,9 @@ import random
 
 import pytest
 
+from mtp_cli import llama_ext as lx
+from mtp_cli.drafters.mtp import MtpDrafter
+from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
 from mtp_cli.speed.adaptive import AdaptiveController
@@ -72,6 +75,46 @@ def test_controller_follows_a_change_in_the_text():
     assert ctl.best == 0
 
 
+def simulate_timed(ctl: AdaptiveController, alpha: float, steps: int, cost, monkeypatch) -> float:
+    """simulate() on a fake clock: each step takes cost(n, asleep, shadow) seconds; the mean step time."""
+    clock = [0.0]
+    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
+    rng = random.Random(0)
+    k = a = -1
+    ctl.begin(0.0)
+    for done in range(steps):
+        n = ctl.step(k, a, 0.0, done)
+        clock[0] += cost(n, ctl.sleep, ctl.shadow)
+        if ctl.shadow:
+            ctl.shadow_result(rng.random() < alpha)
+            k = a = 0
+            continue
+        k, a = n, 0
+        while a < k and rng.random() < alpha:
+            a += 1
+    ctl.end(steps)
+    return clock[0] / steps
+
+
+@pytest.mark.parametrize("in_step", [1.01, 1.33])
+def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step):
+    """A good head on a slow RPC link where drafting still loses (every draft step 2.3x a plain one)
+    and an off drafter kept in step pays the h rows' round trip (1.33x): measured, it sleeps, and
+    plain decoding's cost is the asleep one's. Where staying in step is ~free it stays in step."""
+
+    def cost(n: int, asleep: bool, shadow: bool) -> float:
+        if shadow or n:
+            return 0.02 * (2.3 + 0.3 * n)
+        return 0.02 * (1.0 if asleep else in_step)
+
+    ctl = AdaptiveController(8)
+    per = simulate_timed(ctl, 0.7, 3000, cost, monkeypatch)
+    assert ctl.best == 0 and ctl.ev.hit_rate() > 0.5
+    assert ctl.sleep is (in_step > 1.03)
+    if in_step > 1.03:
+        assert per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02  # ~plain decoding, asleep
+
+
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
 def test_adaptive_greedy_equals_plain(models, arch):
     """Switching N every few steps, sleeping and restarting the head: still plain decoding's tokens."""
@@ -90,11 +133,48 @@ def test_adaptive_greedy_equals_plain(models, arch):
         ref = tokens(rt, prompt, greedy(n_predict=120))
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False)
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
-        assert ctl.n_shadow >= 2 and ctl.n_probes == 0 and ctl.best == 0  # shadow probes only
+        # mostly shadow probes (a lucky hit earns a real one), each after a warm-up with the head in step
+        assert ctl.n_shadow >= 2 and ctl.n_probes <= 3 and ctl.best == 0 and ctl.steps_at[0] > 0.8 * sum(ctl.steps_at)
         # off but kept in step (what longer plain steps get): same tokens
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, may_sleep=False)
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
         assert ctl.n_shadow >= 2 and not ctl.sleep
+
+
+class _Nap(DraftPolicy):
+    """Drafting, asleep for steps 2..9 (saying so ahead: `quiet`), drafting again from step 10."""
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        self.sleep = 2 <= done < 10
+        self.quiet = 9 - done if self.sleep else 0
+        return 0 if self.sleep else self.n_max
+
+
+def test_an_asleep_drafters_target_computes_no_h_rows(models, monkeypatch):
+    """Over RPC fetching the target's h rows is a round trip per decode: while the drafter sleeps the
+    target computes none, except in the step before the policy may wake it (whose h row the woken
+    head starts from); a generation left asleep resumes cold. Plain decoding's tokens throughout."""
+    seen: list[object] = []
+    set_h, decode, restart = lx.set_embeddings_nextn, lx.decode, MtpDrafter.restart
+    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello world")
+        cfg = greedy(spec_type="mtp", draft_n_max=2, n_predict=40)
+        ref = tokens(rt, prompt, greedy(n_predict=40))
+        list(rt.generate(prompt, cfg))  # (the contexts and the drafter exist)
+        tgt = rt._ctx.target  # type: ignore[union-attr]
+        monkeypatch.setattr(
+            lx, "set_embeddings_nextn", lambda c, on, m: (c is tgt and seen.append(f"h {on}"), set_h(c, on, m))
+        )
+        monkeypatch.setattr(lx, "decode", lambda c, b: (c is tgt and seen.append(b.n_tokens), decode(c, b)))
+        monkeypatch.setattr(
+            MtpDrafter, "restart", lambda d, pos, h=True: (seen.append(("restart", h)), restart(d, pos, h))
+        )
+        assert [ev.token for ev in rt.generate(prompt, cfg, policy=_Nap(2))] == ref
+    i_off = seen.index("h False")
+    i_on = seen.index("h True", i_off)
+    assert seen[i_off + 1 : i_on] == [1] * 7  # steps 2..8: plain decodes without h rows
+    assert seen[i_on + 1 : i_on + 3] == [1, ("restart", True)]  # step 9 computes h; step 10 wakes with it
+    assert seen.count("h False") == 1 and isinstance(seen[i_on + 3], int) and seen[i_on + 3] > 1  # drafting again
 
 
 def test_adaptive_decisions_useless_vs_perfect_head(models):

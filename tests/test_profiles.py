@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from gguf_tools.gguf_file import open_gguf
+from mtp_cli.config import Placement
 from mtp_cli.speed import profiles
 from tests.speedkit import _profile
 
@@ -81,6 +83,21 @@ def test_profile_key_depends_on_machine_and_sidecar(models):
     assert a.key == profiles.identify(full, n_threads=1).key
     assert a.key != profiles.identify(full, n_threads=2).key
     assert a.key != profiles.identify(trunk, side, n_threads=1).key
+    # where the weights go: RPC servers, the head's side of the link (a default placement keys as none)
+    rpc = Placement(rpc=("10.0.0.2:50052",))
+    assert profiles.identify(full, n_threads=1, placement=Placement()).key == a.key and "placement" not in a.machine
+    assert (
+        len(
+            {
+                a.key,
+                *(
+                    profiles.identify(full, n_threads=1, placement=p).key
+                    for p in (rpc, replace(rpc, n_gpu_layers_draft=0))
+                ),
+            }
+        )
+        == 3
+    )
     assert a.machine["cpu"] and a.machine["backend"] in ("cpu", "gpu")
 
 

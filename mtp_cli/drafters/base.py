@@ -21,10 +21,11 @@ The verify loop (mtp_cli.loop) drives an instance:
                                       and is not yet in the target's memory); n_max may be 0
     accept(n_accepted, drafts)        the target kept drafts[:n_accepted] (+ its own token,
                                       which comes back as the next id_last); roll back the rest
-    restart(pos)                      (drafters with can_sleep) resume after the loop skipped
+    restart(pos, h)                   (drafters with can_sleep) resume after the loop skipped
                                       draft()/accept() for some steps (a policy switched drafting
                                       off); the target holds 0..pos-1 and its last decode was one
-                                      plain token at pos-1
+                                      plain token at pos-1, with its h row if `h` (an asleep
+                                      drafter's target computes none)
 
 Positions: the target holds 0..pos-1 when draft() is called; id_last is at pos, draft i (0-based)
 at pos+1+i.
@@ -155,7 +156,7 @@ class Drafter:
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         pass
 
-    def restart(self, pos: int) -> None:
+    def restart(self, pos: int, h: bool = True) -> None:
         pass
 
     def close(self) -> None:

@@ -186,7 +186,7 @@ class MtpDrafter(Drafter):
         if rewound:
             self._rewind(keep, asleep)
         elif asleep:
-            self.restart(keep)  # (the target's last decode was one plain token at keep-1)
+            self.restart(keep, h=False)  # (the target's last decode, one plain token at keep-1, may have had no h)
 
     def _rewind(self, keep: int, asleep: bool) -> None:
         """Drop what the head holds from keep on (all of it after a sleep: its memory has a gap); its
@@ -215,13 +215,20 @@ class MtpDrafter(Drafter):
     def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:  # (each kind's own)
         raise NotImplementedError
 
-    def restart(self, pos: int) -> None:
+    def restart(self, pos: int, h: bool = True) -> None:
         """Resume cold after skipped steps: the head's memory starts over at `pos`, its first draft row
-        paired with the target's h row of pos-1 (the target's last decode: one plain token)."""
+        paired with the target's h row of pos-1 (the target's last decode: one plain token), or none."""
         lx.memory_clear(self.ctx, data=False)
         self.rows.batch.clear()
         self.rows.n_extra = 0
-        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
+        self._last_h(h)
+
+    def _last_h(self, h: bool) -> None:
+        """pending_h: the h row of the target's last decode (one token), or zeros when it computed none."""
+        if h:
+            np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
+        else:
+            self.pending_h[:] = 0.0
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         h = lx.get_embeddings_nextn(self.tgt, n_accepted + 1, copy=False, n_embd=self.E)  # verify rows 0..a
@@ -305,9 +312,9 @@ class ChainedHeads(MtpDrafter):
         lx.set_nextn_layer_offset(self.ctx, 0)  # in case a previous generation was interrupted mid-chain
         super().begin(prompt)
 
-    def restart(self, pos: int) -> None:
+    def restart(self, pos: int, h: bool = True) -> None:
         lx.set_nextn_layer_offset(self.ctx, 0)
-        super().restart(pos)
+        super().restart(pos, h)
 
     def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         self.catch_up()
@@ -358,9 +365,9 @@ class SharedAssistant(MtpDrafter):
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, len(tokens), copy=False, n_embd=self.E)[-1])
 
-    def restart(self, pos: int) -> None:
+    def restart(self, pos: int, h: bool = True) -> None:
         self.rows.batch.clear()
-        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
+        self._last_h(h)
 
     def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
         """Nothing: its memory is the target's, which the loop rolled back."""

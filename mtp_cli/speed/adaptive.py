@@ -16,14 +16,18 @@ first-token hit rate is below SHADOW_RATE (or unknown), a probe is a shadow step
 drafts one token, the target decodes one token as usual, and only the two are compared, which is
 acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
 machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
-found again.
+found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
+step: a head restarted cold has no history to attend over and judges itself low.
 
 While off, `sleep` is set unless the head looks useful (hit rate >= SHADOW_RATE) and plain steps
 are long enough (>= SLEEP_BELOW): the loop then stops calling a drafter that can resume cold
 (the MTP drafter restarts its context at the current position, without the history before it:
 an off controller costs plain decoding plus a counter); otherwise the off drafter stays in step
 (~1% of a small model's decoding: its catch-up rows decoded in batches) and keeps its history,
-which heads that attend over it need to be judged fairly.
+which heads that attend over it need to be judged fairly, unless measured to cost more than
+IN_STEP_MAX times an asleep drafter's plain steps (over a slow RPC link the target's h rows, which
+only a drafter in step reads, are one more round trip per token: the loop stops computing them while
+the drafter sleeps).
 """
 
 from __future__ import annotations
@@ -47,8 +51,12 @@ SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below thi
 PROBE_MARGIN = 1.02
 CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budget wait
 PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
+WARM_STEPS = (
+    8  # an asleep head follows this many plain steps before a probe (cold: the demo's first draft hit 17%, 54% after 8)
+)
 SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
 PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
+IN_STEP_MAX = 1.03  # an off drafter kept in step costing more than this times an asleep one's steps sleeps
 
 
 class AdaptiveController(DraftPolicy):
@@ -86,7 +94,8 @@ class AdaptiveController(DraftPolicy):
         self.shadow = False
         self.quiet = 0  # steps step() answers without looking (drafting off, nothing to count)
         self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
-        self._gap = 2 * GAP_MIN if start == 0 else GAP_MIN  # starting off: the first (shadow) probe after 16 steps
+        self._warm: Optional[int] = None  # the probe an asleep head's warm-up window leads to
+        self._gap = GAP_MIN  # starting off: the first (shadow) probe after 16 steps, 8 of them its warm-up
         self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
         self._since = 0  # steps since the last probe
         # step counts are totals over generations: base (completed before this generation) + done
@@ -100,6 +109,9 @@ class AdaptiveController(DraftPolicy):
         self.steps_at = [0] * (n_max + 1)  # steps run at each N (requested: the loop may draft fewer near the end)
         self.n_probes = self.n_shadow = self.n_switches = self.steps = 0
         self.changes: list[tuple[int, int]] = []  # (step, new best N)
+        # seconds per plain step with the drafter kept in step / asleep (an average over off windows):
+        # over RPC the first fetches the target's h rows, a round trip per token
+        self.off_cost: list[Optional[float]] = [None, None]
 
     # -- the DraftPolicy interface ---------------------------------------------------------------
 
@@ -175,13 +187,21 @@ class AdaptiveController(DraftPolicy):
             self.quiet = 0
             self._t0, self._tc0 = _now(), t_consumer
             return self.n
+        if self._warm is not None:  # the head caught up: the probe
+            probe, self._warm = self._warm, None
+            return self._next_window(self._start_probe(probe), t_consumer, total)
         due = max(self._gap, self._wait)
         if n_win == 0 and self.best == 0 and not self._probing and self._since < due:
             return self._next_window(max(int(due - self._since), 1), t_consumer, total)  # off, no probe due yet
         thr = self.ev.throughput()
         self._update_best(thr, n_win)
         window = self._next_setting(thr)
-        self.sleep = self.best == 0 and self.n == 0 and self._may_sleep()
+        was_asleep = self.sleep
+        self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self._may_sleep()
+        if self.n == 0 and not self.sleep and self.off_cost[0] is None:
+            window = min(window, WINDOW_ON)  # is keeping the drafter in step cheap here? measure it soon
+        elif self.sleep and not was_asleep and self.off_cost[1] is not None and self._in_step_costly():
+            self.ev.set_cost(0, self.off_cost[1])  # plain decoding is what an asleep drafter costs
         return self._next_window(window, t_consumer, total)
 
     def _observe(self, steps: int, n_win: int, per: float) -> None:
@@ -192,7 +212,11 @@ class AdaptiveController(DraftPolicy):
         if self._probing and not warm_up:
             self._wait = self._probe_wait(n_win, per)
         if self.ev.measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
-            self.ev.add_cost(n_win, per, steps)
+            if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
+                self.ev.add_cost(n_win, per, steps)
+            if n_win == 0:
+                old = self.off_cost[self.sleep]
+                self.off_cost[self.sleep] = per if old is None else 0.5 * (old + per)
         self.steps += steps
         self._since += steps
         self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
@@ -209,33 +233,46 @@ class AdaptiveController(DraftPolicy):
             self._wait = 0.0
         if self._probing:
             self._probing = 0
-            if best == old:  # nothing changed: probe less often
+            if self.shadow and (self.ev.hit_rate() or 0.0) >= SHADOW_RATE:
+                self._since, self._wait = (
+                    self._gap,
+                    0.0,
+                )  # the head looks useful: a real probe next, while it is in step
+            elif best == old:  # nothing changed: probe less often
                 self._gap = min(2 * self._gap, GAP_MAX)
                 t_probe, t_best = thr[n_win], thr[best]
                 if not self.shadow and t_probe and t_best and t_probe >= CLOSE_CALL * t_best:
                     self._wait = 0.0  # a close call (a few steps say little): look again soon
 
     def _next_setting(self, thr: list[Optional[float]]) -> int:
-        """Set N for the next window (a probe, a shadow step, or the best); its length in steps."""
+        """Set N for the next window (a probe, its warm-up, a shadow step, or the best); its length in steps."""
         probe = self._probe_candidate(thr) if self._since >= max(self._gap, self._wait) else None
         self.shadow = False
         if probe is not None:
-            self._probing = 1
-            self._since = 0
-            self.n = probe
-            hit = self.ev.hit_rate()
-            if probe and self.best == 0 and (hit is None or hit < SHADOW_RATE):
-                self.shadow = True  # is the head any good? costs plain decoding plus one head decode
-                self.n = 1
-                self.n_shadow += 1
-            else:
-                self.n_probes += 1
-            return 1
+            if self.sleep:  # an asleep head first catches up a few steps: a cold one reads low
+                self._warm, self.n = probe, 0
+                return WARM_STEPS
+            return self._start_probe(probe)
         self.n = self.best
         if self.best:
             return WINDOW_ON
         due = max(self._gap, self._wait)
         return max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
+
+    def _start_probe(self, probe: int) -> int:
+        """A probe at N = probe, or a shadow step (is the head any good? costs plain decoding plus one
+        head decode); its first window's length."""
+        self._probing = 1
+        self._since = 0
+        self.n = probe
+        hit = self.ev.hit_rate()
+        if probe and self.best == 0 and (hit is None or hit < SHADOW_RATE):
+            self.shadow = True
+            self.n = 1
+            self.n_shadow += 1
+        else:
+            self.n_probes += 1
+        return 1
 
     def _next_window(self, window: int, t_consumer: float, total: int) -> int:
         self._due = total + window
@@ -257,7 +294,13 @@ class AdaptiveController(DraftPolicy):
         if c0 is None or c0 < SLEEP_BELOW:
             return True
         hit = self.ev.hit_rate()
-        return hit is None or hit < SHADOW_RATE
+        return hit is None or hit < SHADOW_RATE or self._in_step_costly()
+
+    def _in_step_costly(self) -> bool:
+        """Measured: an off drafter kept in step costs more than IN_STEP_MAX times an asleep one
+        (over a slow RPC link: the target's h rows fetched every token)."""
+        in_step, asleep = self.off_cost
+        return in_step is not None and asleep is not None and in_step > IN_STEP_MAX * asleep
 
     def _probe_wait(self, n: int, per: float) -> float:
         """Steps before the next probe so that probes cost at most PROBE_BUDGET of the time: this

@@ -59,18 +59,19 @@ class AutoDraft:
         self.rt = rt
         self.config_dir = config_dir
         self.controllers: dict[str, AdaptiveController] = {}
-        self._keys: dict[tuple[Optional[int], int, tuple[str, ...]], str] = {}
+        self._keys: dict[tuple[Optional[int], int], str] = {}
 
     def profile_key(self, cfg: GenConfig) -> str:
-        """The key of this model's tuned profile for cfg's threads, -ngl and RPC servers."""
-        k = (cfg.n_threads, cfg.n_gpu_layers, cfg.placement.rpc)
+        """The key of this model's tuned profile for cfg's threads and -ngl, and where the runtime put
+        the weights (RPC servers, the head's side...)."""
+        k = (cfg.n_threads, cfg.n_gpu_layers)
         if k not in self._keys:
             self._keys[k] = profiles.identify(
                 self.rt.file,
                 self.rt.draft_file,
                 n_threads=cfg.n_threads,
                 n_gpu_layers=cfg.n_gpu_layers,
-                rpc=cfg.placement.rpc,
+                placement=self.rt.placement,
             ).key
         return self._keys[k]
 

@@ -69,6 +69,12 @@ class Evidence:
         S[n] += per * steps
         C[n] += steps
 
+    def set_cost(self, n: int, per: float) -> None:
+        """N = n's cost is `per` seconds per step from now on (its evidence's weight kept)."""
+        if self.C[n] < MIN_WEIGHT:
+            self.C[n] = 1.0
+        self.S[n] = per * self.C[n]
+
     # -- estimates ---------------------------------------------------------------------------------
 
     def hit_rate(self) -> Optional[float]:

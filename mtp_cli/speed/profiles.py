@@ -6,7 +6,9 @@ A profile is keyed by
   and offset, plus a 128-byte sample of each tensor's data (its first and last 64 bytes), so a
   retrained head with the same layout still gets a new key; the same for an -md sidecar;
 - the machine: CPU model, threads, backend (CPU build or GPU offload), -ngl (0 on CPU builds,
-  where llama.cpp ignores it), llama.cpp's feature line and the llama-cpp-python version.
+  where llama.cpp ignores it), llama.cpp's feature line and the llama-cpp-python version, and where
+  the weights go when that is not the default (--rpc servers, -dev, -ngld, -ot...: a link's costs,
+  and the head's side of it, are the profile's).
 
 The store is one JSON file, `profiles.json`, in the user config directory (platformdirs'
 user_config_dir("mtp-cli"): ~/.config/mtp-cli on Linux; MTP_CLI_CONFIG_DIR overrides it), written
@@ -20,8 +22,7 @@ import json
 import os
 import platform
 import struct
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Optional
@@ -32,6 +33,7 @@ from gguf_tools.atomic import write_text
 from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.prescan import ArrayValue
 from mtp_cli import llama_ext as lx
+from mtp_cli.config import Placement
 from mtp_cli.errors import ModelFileError, ProfileError
 from mtp_cli.speed.runs import setting_name
 
@@ -95,11 +97,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def placement_identity(placement: Placement) -> dict[str, Any]:
+    """The placement's settings that differ from the default (none: an empty dict, so the keys of
+    profiles tuned without any stay as they were)."""
+    default = Placement()
+    return {
+        f.name: json.loads(json.dumps(getattr(placement, f.name)))
+        for f in fields(placement)
+        if getattr(placement, f.name) != getattr(default, f.name)
+    }
+
+
 def machine_identity(
-    n_threads: Optional[int] = None, n_gpu_layers: int = -1, rpc: Sequence[str] = ()
+    n_threads: Optional[int] = None, n_gpu_layers: int = -1, placement: Placement = Placement()
 ) -> dict[str, Any]:
-    """What a profile's speeds depend on beyond the model: this machine, its settings, and the RPC
-    servers the model is spread over (a link's costs are theirs)."""
+    """What a profile's speeds depend on beyond the model: this machine, its settings, and where the
+    weights go (the RPC servers the model is spread over, the head's side of the link)."""
     try:
         llama_version = version("llama-cpp-python")
     except PackageNotFoundError:  # pragma: no cover
@@ -113,7 +126,7 @@ def machine_identity(
         "n_gpu_layers": int(n_gpu_layers) if gpu else 0,
         "system_info": lx.system_info(),
         "llama_cpp_python": llama_version,
-        **({"rpc": list(rpc)} if rpc else {}),
+        **({"placement": where} if (where := placement_identity(placement)) else {}),
     }
 
 
@@ -230,12 +243,12 @@ def identify(
     *,
     n_threads: Optional[int] = None,
     n_gpu_layers: int = -1,
-    rpc: Sequence[str] = (),
+    placement: Placement = Placement(),
 ) -> Identity:
     return Identity(
         model_identity(model),
         model_identity(draft) if draft is not None else None,
-        machine_identity(n_threads, n_gpu_layers, rpc),
+        machine_identity(n_threads, n_gpu_layers, placement),
     )
 
 

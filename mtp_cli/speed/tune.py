@@ -211,7 +211,7 @@ class _Tuner:
         self.off = Candidate("off", "none", 0, status="baseline")
         # the profile's key first: a file that cannot be read fails before the budget is spent
         self.ident = profiles.identify(
-            rt.file, rt.draft_file, n_threads=base.n_threads, n_gpu_layers=base.n_gpu_layers, rpc=rt.placement.rpc
+            rt.file, rt.draft_file, n_threads=base.n_threads, n_gpu_layers=base.n_gpu_layers, placement=rt.placement
         )
         res.candidates = [self.off]
 
