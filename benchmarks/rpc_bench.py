@@ -3,7 +3,7 @@ packet (0, 1, 5 ms each way), one or two servers, the model's own head remote (w
 local (-ngld 0: loaded as a sidecar of its own on this machine), against plain decoding, in one run.
 
     python benchmarks/rpc_bench.py [-m MODEL.gguf] [--delays 0 1 5] [--servers 1 2] [-N 1 2 3]
-                                   [-n 32] [--repeats 3] [--prompts 2] [--tune-budget 40]
+                                   [-n 32] [--repeats 3] [--prompts 2] [--tune-budget 60]
 
 Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). The servers are built
 from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--tune-budget", type=float, default=40.0, help="seconds of `tune` per row")
+    ap.add_argument("--tune-budget", type=float, default=60.0, help="seconds of `tune` per row (its default)")
     ap.add_argument("--json", type=Path, default=Path("rpc_bench.json"))
     args = ap.parse_args()
     lx.quiet_logs()

@@ -131,6 +131,22 @@ def test_prompts_the_model_ends_at_once_measure_nothing_and_save_nothing(models,
     assert not (config_dir / profiles.PROFILE_FILE).exists()
 
 
+def test_a_first_rung_over_the_budget_drops_p_min_variants_then_the_slowest_predicted():
+    """Over a slow RPC link 13 settings did not fit 40 s: the first rung shrank to 16 tokens of one
+    prompt and picked N=7 (1.85x there, 1.1x on the next prompts). Settings go first, tokens last."""
+    from mtp_cli.speed.tune import Candidate, _Tuner
+
+    t = _Tuner.__new__(_Tuner)
+    t.off = Candidate("off", "none", 0, status="baseline")
+    alive = [t.off, *(Candidate(f"mtp N={n}", "mtp", n, 0.0, p) for n, p in ((1, 1.1), (2, 1.3), (3, 1.25)))]
+    alive.insert(2, Candidate("mtp N=2 p>=0.5", "mtp", 2, 0.5))
+    before, order = list(alive), []
+    while t._drop_least_promising(alive):
+        order += [c.name for c in before if c not in alive and c.name not in order]
+    assert order == ["mtp N=2 p>=0.5", "mtp N=1"] and [c.name for c in alive] == ["off", "mtp N=2", "mtp N=3"]
+    assert all(c.status == "pruned" for c in before if c not in alive)
+
+
 def test_off_and_fewer_drafts_win_unless_beaten_by_more_than_the_noise():
     from mtp_cli.speed.tune import Candidate, _Tuner
 

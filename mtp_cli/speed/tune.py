@@ -12,7 +12,9 @@ draft_p_min values. All greedy, same prompts. The search:
 3. successive halving: rungs of growing length (64, 128, 256... generated tokens per repeat), each
    candidate measured `repeats` times per rung, interleaved; after a rung, settings whose median
    tokens/s is below the best median by more than twice the run-to-run noise are dropped, and at
-   most half go on. A rung starts only if its estimated time fits the remaining budget.
+   most half go on. A rung starts only if its estimated time fits the remaining budget; a first
+   rung that does not fit loses its p-min variants, then its slowest-predicted settings (down to
+   two), before it is shortened.
    Plain decoding runs in every rung: it is the baseline every ratio is measured against.
 
 The winner is the best median in the last completed rung (it may be "off"). No click, no rich:
@@ -25,7 +27,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -89,20 +91,9 @@ class Candidate:
         return replace(base, spec_type="mtp", draft_n_max=self.n, draft_p_min=self.p_min)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "spec_type": self.spec_type,
-            "n": self.n,
-            "p_min": self.p_min,
-            "predicted_ratio": self.predicted,
-            "status": self.status,
-            "rung": self.rung,
-            "tokens_per_second": self.tokens_per_second,
-            "runs": list(self.runs),
-            "ratio": self.ratio,
-            "acceptance": self.acceptance,
-            "tokens_per_pass": self.tokens_per_pass,
-        }
+        d = asdict(self)
+        d["predicted_ratio"] = d.pop("predicted")
+        return {**d, "tokens_per_second": self.tokens_per_second}
 
 
 @dataclass
@@ -286,6 +277,8 @@ class _Tuner:
             if est > remaining:
                 if rung:
                     break
+                if self._drop_least_promising(alive):  # a rung too short to tell settings apart is worse
+                    continue
                 # the first rung must run: shrink it to fit
                 scale = remaining / max(est, 1e-9)
                 n_rep = 1 if scale * tokens * n_rep < 16 else n_rep
@@ -306,6 +299,16 @@ class _Tuner:
             rung += 1
             tokens *= 2
         return plain, by_n
+
+    def _drop_least_promising(self, alive: list[Candidate]) -> bool:
+        """Prune a p-min variant, else the slowest-predicted setting, while more than off and two are left."""
+        rest = [c for c in alive if c is not self.off]
+        if len(rest) <= 2:
+            return False
+        worst = min(rest, key=lambda c: (c.p_min == 0.0, c.predicted or 0.0, -c.n))
+        worst.status = "pruned"
+        alive.remove(worst)
+        return True
 
     def _rung(self, alive: list[Candidate], rung: int, tokens: int, n_rep: int, wall_factor: float):
         """One rung: every live setting n_rep times, interleaved; the results and the new wall factor."""
