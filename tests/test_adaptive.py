@@ -109,10 +109,11 @@ def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step)
 
     ctl = AdaptiveController(8)
     per = simulate_timed(ctl, 0.7, 3000, cost, monkeypatch)
-    assert ctl.best == 0 and ctl.ev.hit_rate() > 0.5
-    assert ctl.sleep is (in_step > 1.03)
+    assert ctl.best == 0 and ctl.n_shadow + ctl.n_probes >= 2
     if in_step > 1.03:
-        assert per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02  # ~plain decoding, asleep
+        assert ctl.sleep and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02  # ~plain decoding, asleep
+    else:
+        assert per < 0.02 * 1.03
 
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])

@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.speed.evidence import Evidence
+from mtp_cli.speed.evidence import GAMMA_COST, MIN_WEIGHT, Evidence
 
 _now = time.perf_counter
 
@@ -51,12 +51,12 @@ SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below thi
 PROBE_MARGIN = 1.02
 CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budget wait
 PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
-WARM_STEPS = (
-    8  # an asleep head follows this many plain steps before a probe (cold: the demo's first draft hit 17%, 54% after 8)
-)
+# an asleep head follows this many plain steps before a probe (cold, the demo's first draft hit 17%; 54% after 8)
+WARM_STEPS = 8
 SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
 PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
 IN_STEP_MAX = 1.03  # an off drafter kept in step costing more than this times an asleep one's steps sleeps
+IN_STEP_WINDOW = 16  # steps: the longest window an off drafter stays in step before that is looked at again
 
 
 class AdaptiveController(DraftPolicy):
@@ -109,9 +109,9 @@ class AdaptiveController(DraftPolicy):
         self.steps_at = [0] * (n_max + 1)  # steps run at each N (requested: the loop may draft fewer near the end)
         self.n_probes = self.n_shadow = self.n_switches = self.steps = 0
         self.changes: list[tuple[int, int]] = []  # (step, new best N)
-        # seconds per plain step with the drafter kept in step / asleep (an average over off windows):
-        # over RPC the first fetches the target's h rows, a round trip per token
-        self.off_cost: list[Optional[float]] = [None, None]
+        # decayed seconds and steps of plain steps with the drafter kept in step / asleep: over RPC
+        # the first fetch the target's h rows, a round trip per token
+        self._off_s, self._off_c = [0.0, 0.0], [0.0, 0.0]
 
     # -- the DraftPolicy interface ---------------------------------------------------------------
 
@@ -191,18 +191,23 @@ class AdaptiveController(DraftPolicy):
             probe, self._warm = self._warm, None
             return self._next_window(self._start_probe(probe), t_consumer, total)
         due = max(self._gap, self._wait)
-        if n_win == 0 and self.best == 0 and not self._probing and self._since < due:
-            return self._next_window(max(int(due - self._since), 1), t_consumer, total)  # off, no probe due yet
+        if n_win == 0 and self.best == 0 and not self._probing and self._since < due:  # off, no probe due yet
+            return self._next_window(self._off_window(int(due - self._since)), t_consumer, total)
         thr = self.ev.throughput()
         self._update_best(thr, n_win)
-        window = self._next_setting(thr)
+        return self._next_window(self._off_window(self._next_setting(thr)), t_consumer, total)
+
+    def _off_window(self, window: int) -> int:
+        """Whether an off drafter sleeps (decided again every window: one kept in step is measured
+        against an asleep one, in windows of at most IN_STEP_WINDOW steps); the window's length."""
         was_asleep = self.sleep
         self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self._may_sleep()
-        if self.n == 0 and not self.sleep and self.off_cost[0] is None:
-            window = min(window, WINDOW_ON)  # is keeping the drafter in step cheap here? measure it soon
-        elif self.sleep and not was_asleep and self.off_cost[1] is not None and self._in_step_costly():
-            self.ev.set_cost(0, self.off_cost[1])  # plain decoding is what an asleep drafter costs
-        return self._next_window(window, t_consumer, total)
+        asleep_cost = self.off_cost[1]
+        if self.sleep and not was_asleep and asleep_cost is not None and self._in_step_costly():
+            self.ev.set_cost(0, asleep_cost)  # plain decoding is what an asleep drafter costs
+        if self.n == 0 and not self.sleep and self._warm is None:
+            window = min(window, IN_STEP_WINDOW)
+        return max(window, 1)
 
     def _observe(self, steps: int, n_win: int, per: float) -> None:
         """Fold the window's acceptance and, unless it was a shadow or warm-up step, its cost."""
@@ -215,8 +220,7 @@ class AdaptiveController(DraftPolicy):
             if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
                 self.ev.add_cost(n_win, per, steps)
             if n_win == 0:
-                old = self.off_cost[self.sleep]
-                self.off_cost[self.sleep] = per if old is None else 0.5 * (old + per)
+                self._add_off_cost(self.sleep, per, steps)
         self.steps += steps
         self._since += steps
         self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
@@ -234,10 +238,8 @@ class AdaptiveController(DraftPolicy):
         if self._probing:
             self._probing = 0
             if self.shadow and (self.ev.hit_rate() or 0.0) >= SHADOW_RATE:
-                self._since, self._wait = (
-                    self._gap,
-                    0.0,
-                )  # the head looks useful: a real probe next, while it is in step
+                # the head looks useful: a real probe next, while it is in step
+                self._since, self._wait = self._gap, 0.0
             elif best == old:  # nothing changed: probe less often
                 self._gap = min(2 * self._gap, GAP_MAX)
                 t_probe, t_best = thr[n_win], thr[best]
@@ -296,6 +298,18 @@ class AdaptiveController(DraftPolicy):
         hit = self.ev.hit_rate()
         return hit is None or hit < SHADOW_RATE or self._in_step_costly()
 
+    @property
+    def off_cost(self) -> list[Optional[float]]:
+        """Seconds per plain step with the drafter kept in step, and asleep (None: not measured)."""
+        return [t / n if n >= WARM_STEPS / 2 else None for t, n in zip(self._off_s, self._off_c)]
+
+    def _add_off_cost(self, asleep: bool, per: float, steps: int) -> None:
+        g = GAMMA_COST**steps
+        self._off_s = [t * g for t in self._off_s]
+        self._off_c = [n * g for n in self._off_c]
+        self._off_s[asleep] += per * steps
+        self._off_c[asleep] += steps
+
     def _in_step_costly(self) -> bool:
         """Measured: an off drafter kept in step costs more than IN_STEP_MAX times an asleep one
         (over a slow RPC link: the target's h rows fetched every token)."""
@@ -318,12 +332,15 @@ class AdaptiveController(DraftPolicy):
 
     def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
         """The N with the highest optimistic throughput, if that beats the best's estimate (an
-        unmeasured N = 0 first: its cost is the baseline)."""
+        unmeasured N = 0 first: its cost is the baseline), at most one past the deepest draft
+        position with evidence: a few shadow hits put every bound at 1, and a first probe at N = 8
+        that loses makes the next one wait."""
         measured = [self.ev.cost(n) for n in range(self.n_max + 1)]
         up = self.ev.acceptance_upper()
         pick, top = None, (thr[self.best] or 0.0) * PROBE_MARGIN
         e = 1.0
-        for n in range(self.n_max + 1):
+        reach = 1 + max((i + 1 for i in range(self.n_max) if self.ev.D[i] >= MIN_WEIGHT), default=0)
+        for n in range(min(reach, self.n_max) + 1):
             if n:
                 e += up[n - 1]
             if n == self.best:
