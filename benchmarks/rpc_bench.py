@@ -1,9 +1,9 @@
-"""MTP over llama.cpp RPC: the weights on loopback `ggml-rpc-server`s behind a proxy that delays every
-packet (0, 1, 5 ms each way), one or two servers, the model's own head remote (with the trunk) or
+"""MTP over llama.cpp RPC: the weights on loopback `ggml-rpc-server`s behind a proxy (a process of its
+own) that delays every packet (0, 1, 5 ms each way), one or two servers, the model's own head remote (with the trunk) or
 local (-ngld 0: loaded as a sidecar of its own on this machine), against plain decoding, in one run.
 
     python benchmarks/rpc_bench.py [-m MODEL.gguf] [--delays 0 1 5] [--servers 1 2] [-N 1 2 3]
-                                   [-n 32] [--repeats 3] [--prompts 2] [--tune-budget 60]
+                                   [-n 32] [--repeats 5] [--prompts 2] [--tune-budget 60]
 
 Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). The servers are built
 from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
@@ -70,9 +70,8 @@ def start_server(binary: Path) -> tuple[subprocess.Popen, int]:
 class DelayProxy:
     """127.0.0.1:port -> target, every chunk held `delay_ms` in each direction (order kept)."""
 
-    def __init__(self, target: int, delay_ms: float):
-        self.target, self.delay = target, delay_ms / 1000
-        self.port = free_port()
+    def __init__(self, target: int, delay_ms: float, port: int):
+        self.target, self.delay, self.port = target, delay_ms / 1000, port
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -106,6 +105,28 @@ class DelayProxy:
             w.close()
 
         await asyncio.gather(rx(), tx())
+
+
+def start_proxies(specs: list[tuple[int, int, float]]) -> subprocess.Popen:
+    """DelayProxies (listen port, server port, delay ms) in a process of their own: in this one they
+    would wait for the GIL while the loop runs Python, a delay no network adds."""
+    proc = subprocess.Popen([sys.executable, __file__, "--proxies", json.dumps(specs)])
+    for port, _, _ in specs:
+        for _ in range(150):
+            try:
+                hello(f"127.0.0.1:{port}", timeout=1)
+                break
+            except lx.LlamaError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit("a delay proxy did not start")
+    return proc
+
+
+def serve_proxies(specs: str) -> None:
+    for port, target, delay in json.loads(specs):
+        DelayProxy(target, delay, port)
+    threading.Event().wait()
 
 
 class NeverDraft(DraftPolicy):
@@ -156,11 +177,14 @@ def main() -> None:
     ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("-N", "--n-values", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("-n", "--n-predict", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--tune-budget", type=float, default=60.0, help="seconds of `tune` per row (its default)")
     ap.add_argument("--json", type=Path, default=Path("rpc_bench.json"))
+    ap.add_argument("--proxies", help=argparse.SUPPRESS)  # (the proxies' own process)
     args = ap.parse_args()
+    if args.proxies:
+        return serve_proxies(args.proxies)
     lx.quiet_logs()
     import llama_build
 
@@ -172,12 +196,13 @@ def main() -> None:
     servers = [start_server(binary) for _ in range(max(args.servers))]
     try:
         names: dict[tuple[float, int], str] = {}
-        endpoints = []
+        specs = []
         for d in args.delays:
             for i, (_, port) in enumerate(servers):
-                endpoints.append(f"127.0.0.1:{DelayProxy(port, d).port}")
+                specs.append((free_port(), port, d))
                 names[d, i] = f"RPC{len(names)}"  # (ggml names RPC devices in registration order)
-        lx.add_rpc_servers(endpoints)
+        servers.append((start_proxies(specs), 0))
+        lx.add_rpc_servers([f"127.0.0.1:{p}" for p, _, _ in specs])
         rows = []
         for n_servers in args.servers:
             for d in args.delays:

@@ -38,6 +38,21 @@ def test_tune_small_budget_picks_and_saves(models, config_dir):
         assert prof.cost_model["break_even"] and prof.settings
 
 
+def test_a_profile_is_found_only_where_the_weights_go_as_tuned(models, config_dir):
+    """Tuned with a placement (here: no repacking; over RPC the servers and -ngld), `auto` finds
+    the profile on a runtime placed the same way and not on one placed otherwise."""
+    from mtp_cli.config import Placement
+    from mtp_cli.speed.tune import tune
+
+    path = models(head_noise=1.0)["full"]
+    where = Placement(repack=False)
+    tune(path, budget=3.0, n_threads=THREADS, n_max=2, placement=where)
+    for placed, found in ((where, True), (Placement(), False)):
+        with Runtime(path, spec_type="mtp", placement=placed) as rt:
+            res = AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_mode="auto"))
+            assert (res.mode == "profile") is found
+
+
 def test_cli_tune_json_and_report(models, config_dir):
     path = str(models(head_noise=1.0)["full"])
     r = run_cli("tune", "-m", path, "--budget", "3", "-t", "1", "--n-max", "3", "--json")
