@@ -101,6 +101,7 @@ class VerifyLoop:
             st.t_prompt = _now() - t_start
             stop = yield from self._emit(first, "target", 0)
             if st.stop_reason != "eog":
+                self.policy.can_sleep = self.drafter.can_sleep
                 self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
             if stop:
                 return st

@@ -22,6 +22,8 @@ class DraftPolicy:
     sleep: bool = False
     #: steps step() will answer without looking (what it returns, and `sleep`, stay as they are)
     quiet: int = 0
+    #: whether the drafter it steers can sleep at all (the loop says so before begin())
+    can_sleep: bool = True
 
     def __init__(self, n_max: int):
         self.n_max = int(n_max)

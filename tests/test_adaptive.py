@@ -50,11 +50,32 @@ def test_controller_off_for_a_useless_head_and_probes_rarely():
     assert ctl.n_probes == 0 and ctl.n_shadow <= 15  # shadow steps only; gaps double to GAP_MAX
 
 
+def test_controller_for_a_drafter_that_cannot_sleep_never_sleeps_nor_warms_up():
+    """(n-gram and draft-model drafters: always in step, so a probe needs no warm-up window.)"""
+    ctl = AdaptiveController(8, costs=FLAT, measure=False)
+    ctl.can_sleep = False
+    seen = []
+    orig = ctl._decide
+    ctl._decide = lambda *a: (r := orig(*a), seen.append((ctl.sleep, ctl._warm)))[0]  # type: ignore[method-assign]
+    simulate(ctl, 0.0, 600)
+    assert ctl.n_shadow >= 2 and seen and all(s == (False, None) for s in seen)
+
+
 def test_controller_climbs_for_a_good_head():
     ctl = AdaptiveController(8, costs=FLAT, measure=False)
     simulate(ctl, 0.95, 600)
     assert ctl.best >= 4 and not ctl.sleep
     assert sum(ctl.steps_at[3:]) > 0.7 * sum(ctl.steps_at)
+
+
+def test_controller_climbs_past_settings_that_lose_even_with_probes_far_apart():
+    """A fixed cost per drafting step (a head across a slow link): N = 1, 2 lose, N >= 3 wins (N = 7
+    best). Probes climb one past the largest N probed, which does not decay while they wait."""
+    costs = [1.0] + [2.2 + 0.05 * n for n in range(1, 9)]
+    for seed in range(3):
+        ctl = AdaptiveController(8, costs=costs, measure=False)
+        simulate(ctl, 0.7, 6000, seed)
+        assert ctl.best >= 5, (seed, ctl.describe())
 
 
 def test_controller_stops_when_drafting_cannot_pay():

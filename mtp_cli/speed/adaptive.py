@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.speed.evidence import GAMMA_COST, MIN_WEIGHT, Evidence
+from mtp_cli.speed.evidence import GAMMA_COST, Evidence
 
 _now = time.perf_counter
 
@@ -95,6 +95,7 @@ class AdaptiveController(DraftPolicy):
         self.quiet = 0  # steps step() answers without looking (drafting off, nothing to count)
         self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
         self._warm: Optional[int] = None  # the probe an asleep head's warm-up window leads to
+        self._climbed = start  # the largest N probed (or started at) so far: probes go at most one past it
         self._gap = GAP_MIN  # starting off: the first (shadow) probe after 16 steps, 8 of them its warm-up
         self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
         self._since = 0  # steps since the last probe
@@ -123,6 +124,7 @@ class AdaptiveController(DraftPolicy):
         self._na = [0] * (self.n_max + 2)
         self._t0 = _now()
         self._tc0 = t_consumer
+        self.sleep = self.sleep and self.can_sleep  # (a drafter that cannot sleep is in step: no warm-up either)
         if not self.sleep:
             self._due = min(self._due, self._base + WINDOW_ON)
         # the first call (done = 0) answers from the fast path: skip to the decision
@@ -201,7 +203,7 @@ class AdaptiveController(DraftPolicy):
         """Whether an off drafter sleeps (decided again every window: one kept in step is measured
         against an asleep one, in windows of at most IN_STEP_WINDOW steps); the window's length."""
         was_asleep = self.sleep
-        self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self._may_sleep()
+        self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self.can_sleep and self._may_sleep()
         asleep_cost = self.off_cost[1]
         if self.sleep and not was_asleep and asleep_cost is not None and self._in_step_costly():
             self.ev.set_cost(0, asleep_cost)  # plain decoding is what an asleep drafter costs
@@ -274,6 +276,7 @@ class AdaptiveController(DraftPolicy):
             self.n_shadow += 1
         else:
             self.n_probes += 1
+        self._climbed = max(self._climbed, self.n)
         return 1
 
     def _next_window(self, window: int, t_consumer: float, total: int) -> int:
@@ -332,15 +335,15 @@ class AdaptiveController(DraftPolicy):
 
     def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
         """The N with the highest optimistic throughput, if that beats the best's estimate (an
-        unmeasured N = 0 first: its cost is the baseline), at most one past the deepest draft
-        position with evidence: a few shadow hits put every bound at 1, and a first probe at N = 8
-        that loses makes the next one wait."""
+        unmeasured N = 0 first: its cost is the baseline), climbing: at most one past the largest N
+        probed so far (not decayed: probes can be hundreds of steps apart), or the smallest N that
+        could win if that is further. A few shadow hits put every bound at 1, and a first probe at
+        N = 8 that loses makes the next one wait."""
         measured = [self.ev.cost(n) for n in range(self.n_max + 1)]
         up = self.ev.acceptance_upper()
-        pick, top = None, (thr[self.best] or 0.0) * PROBE_MARGIN
-        e = 1.0
-        reach = 1 + max((i + 1 for i in range(self.n_max) if self.ev.D[i] >= MIN_WEIGHT), default=0)
-        for n in range(min(reach, self.n_max) + 1):
+        top = (thr[self.best] or 0.0) * PROBE_MARGIN
+        e, wins = 1.0, []
+        for n in range(self.n_max + 1):
             if n:
                 e += up[n - 1]
             if n == self.best:
@@ -349,8 +352,9 @@ class AdaptiveController(DraftPolicy):
             if c <= 0.0:
                 return n
             if e / c > top:
-                pick, top = n, e / c
-        return pick
+                wins.append((n, e / c))
+        cap = max(self._climbed + 1, wins[0][0]) if wins else 0
+        return max((w for w in wins if w[0] <= cap), key=lambda w: w[1])[0] if wins else None
 
     # -- reports -----------------------------------------------------------------------------------
 
