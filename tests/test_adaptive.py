@@ -55,8 +55,14 @@ def test_controller_for_a_drafter_that_cannot_sleep_never_sleeps_nor_warms_up():
     ctl = AdaptiveController(8, costs=FLAT, measure=False)
     ctl.can_sleep = False
     seen = []
-    orig = ctl._decide
-    ctl._decide = lambda *a: (r := orig(*a), seen.append((ctl.sleep, ctl._warm)))[0]  # type: ignore[method-assign]
+    decide = ctl._decide
+
+    def spy(*a):
+        n = decide(*a)
+        seen.append((ctl.sleep, ctl._warm))
+        return n
+
+    ctl._decide = spy  # type: ignore[method-assign]
     simulate(ctl, 0.0, 600)
     assert ctl.n_shadow >= 2 and seen and all(s == (False, None) for s in seen)
 
