@@ -58,13 +58,19 @@ def start_server(binary: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     cmd = [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_server(port, "an rpc-server")
+    return proc, port
+
+
+def wait_for_server(port: int, what: str) -> None:
+    """Until an rpc-server answers ggml's handshake at 127.0.0.1:port (30 s)."""
     for _ in range(150):
         try:
             hello(f"127.0.0.1:{port}", timeout=1)
-            return proc, port
+            return
         except lx.LlamaError:
             time.sleep(0.2)
-    raise SystemExit("an rpc-server did not start")
+    raise SystemExit(f"{what} did not start")
 
 
 class DelayProxy:
@@ -112,14 +118,7 @@ def start_proxies(specs: list[tuple[int, int, float]]) -> subprocess.Popen:
     would wait for the GIL while the loop runs Python, a delay no network adds."""
     proc = subprocess.Popen([sys.executable, __file__, "--proxies", json.dumps(specs)])
     for port, _, _ in specs:
-        for _ in range(150):
-            try:
-                hello(f"127.0.0.1:{port}", timeout=1)
-                break
-            except lx.LlamaError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit("a delay proxy did not start")
+        wait_for_server(port, "a delay proxy")  # (through it, to its server)
     return proc
 
 

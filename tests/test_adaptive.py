@@ -25,12 +25,16 @@ def models(tiny_models):
     return lambda arch="glm4moe", **kw: tiny_models(arch, "structured", "q8_0", **kw)
 
 
-def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0) -> None:
+def simulate(ctl: AdaptiveController, alpha: float, steps: int, seed: int = 0, on_step=None) -> None:
+    """`steps` steps of a head whose drafts are each right with probability alpha; on_step(n) after
+    each step() call (e.g. to advance a fake clock)."""
     rng = random.Random(seed)
     k = a = -1
     ctl.begin(0.0)
     for done in range(steps):
         n = ctl.step(k, a, 0.0, done)  # (answered without looking while drafting is off)
+        if on_step is not None:
+            on_step(n)
         if ctl.shadow:  # the runtime drafts one token, verifies none, reports the comparison
             ctl.shadow_result(rng.random() < alpha)
             k = a = 0
@@ -106,20 +110,11 @@ def simulate_timed(ctl: AdaptiveController, alpha: float, steps: int, cost, monk
     """simulate() on a fake clock: each step takes cost(n, asleep, shadow) seconds; the mean step time."""
     clock = [0.0]
     monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
-    rng = random.Random(0)
-    k = a = -1
-    ctl.begin(0.0)
-    for done in range(steps):
-        n = ctl.step(k, a, 0.0, done)
+
+    def tick(n: int) -> None:
         clock[0] += cost(n, ctl.sleep, ctl.shadow)
-        if ctl.shadow:
-            ctl.shadow_result(rng.random() < alpha)
-            k = a = 0
-            continue
-        k, a = n, 0
-        while a < k and rng.random() < alpha:
-            a += 1
-    ctl.end(steps)
+
+    simulate(ctl, alpha, steps, on_step=tick)
     return clock[0] / steps
 
 
