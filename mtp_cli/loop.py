@@ -3,7 +3,8 @@
 Per step:
 
 1. propose: the drafter proposes d1..dk (k <= N, the policy's; fewer near n_predict / the end of
-   the context);
+   the context), each picked from its row as the target's row there will be edited, under a copy
+   of its grammar (sampling.DraftSteer);
 2. verify: the target decodes [id_last, d1..dk] in ONE batch with logits on every row; row i is
    sampled in order (greedy: argmax; otherwise llama.cpp's sampler chain, one random draw per
    emitted token) and d(i+1) is kept only while it equals that sample, so the output is exactly
@@ -37,7 +38,7 @@ from mtp_cli.drafters import Drafter
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Reuse
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.sampling import Chooser, Probs, VerifySampled
+from mtp_cli.sampling import Chooser, DraftSteer, Probs, VerifySampled
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 
 _now = time.perf_counter
@@ -174,7 +175,7 @@ class VerifyLoop:
                 self.asleep = False
                 self._h_rows(True)
             if self.n_max > 0:
-                drafts = self._guided(k_max)
+                drafts = self._steered(k_max)
             if p.shadow:
                 self.shadow, drafts = drafts, []
         return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
@@ -186,17 +187,27 @@ class VerifyLoop:
             lx.set_embeddings_nextn(self.tgt, on, False)
             self.h_on = on
 
-    def _guided(self, k_max: int) -> list[int]:
-        """The drafter's drafts, picked among what a copy of the target's grammar allows (when there
-        is one and the drafter picks from rows of its own)."""
-        d, g = self.drafter, self.chooser.grammar
-        if g is None or d.rows is None or k_max <= 0:
+    def _steered(self, k_max: int) -> list[int]:
+        """The drafter's drafts, each picked from its row as the target's verified row at the same
+        position will be edited (penalties, biases) and among what a copy of the target's grammar
+        allows, when the drafter picks from rows of its own."""
+        d, ch = self.drafter, self.chooser
+        if d.rows is None or k_max <= 0 or (ch.grammar is None and not ch.edits.active):
             return d.draft(self.id_last, self.n_past, k_max)
-        with g.copy() as d.rows.guide:
-            try:
-                return d.draft(self.id_last, self.n_past, k_max)
-            finally:
-                d.rows.guide = None
+        g = ch.grammar.copy() if ch.grammar is not None else None
+        d.rows.steer = DraftSteer(ch.edits, self._history(), g)
+        try:
+            return d.draft(self.id_last, self.n_past, k_max)
+        finally:
+            d.rows.steer = d.rows.plain
+            if g is not None:
+                g.close()
+
+    def _history(self) -> Sequence[int]:
+        """The tokens before this step's first verified row, as far back as the penalties look (none
+        without penalties)."""
+        edits = self.chooser.edits
+        return [*self.decoded[-edits.last_n :], self.id_last] if edits.penalty is not None else ()
 
     def _verify(self, drafts: list[int]) -> tuple[int, int]:
         """One target decode of [id_last, *drafts]: (drafts accepted, the target's next token)."""
@@ -211,9 +222,7 @@ class VerifyLoop:
         st.t_target_decode += _now() - t
         st.n_verify += 1
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
-        edits = self.chooser.edits
-        history = [*self.decoded[-edits.last_n :], self.id_last] if edits.penalty is not None else ()
-        return self.chooser.verify(self.tgt, rows, drafts, history)
+        return self.chooser.verify(self.tgt, rows, drafts, self._history())
 
     def _settle(self, drafts: list[int], a: int, nxt: int) -> None:
         """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""

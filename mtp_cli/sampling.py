@@ -13,7 +13,8 @@ drawn from exactly the distribution plain decoding draws from (same seed -> same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import numpy as np
@@ -50,9 +51,12 @@ class RowEdits:
     user's, and -inf on EOG tokens with --ignore-eos), then the penalties over the last
     `repeat_last_n` tokens (prompt included): a seen token's logit <= 0 is multiplied by the repeat
     penalty, one above 0 divided, then it loses frequency_penalty per time seen and presence_penalty
-    once. Applied in place to the target's own logits buffer, so greedy argmax and llama.cpp's
-    sampler chain both choose from the edited rows; row i of a verify batch is penalized for the
-    tokens before it (history, then drafts[:i]), exactly as plain decoding would have."""
+    once. The one description of those edits: the target's verified rows (`apply`, in place in its
+    logits buffer, so greedy argmax and llama.cpp's sampler chain both choose from the edited rows;
+    row i of a verify batch is penalized for the tokens before it, history then drafts[:i], exactly
+    as plain decoding would have) and a drafter's draft rows (`edit`, through DraftSteer: draft i
+    over the same window as the verify row that will judge it). Each touches only the biased tokens
+    and those in the window, never the whole vocabulary."""
 
     def __init__(self, cfg: GenConfig, eog_tokens: Sequence[int]):
         self.penalty = np.float32(cfg.repeat_penalty) if cfg.penalized else None
@@ -75,12 +79,58 @@ class RowEdits:
         tail = [*history[-n:], *drafts]
         end0 = len(tail) - len(drafts)
         for i in range(rows.shape[0]):
-            seen, count = np.unique(
-                np.asarray(tail[max(0, end0 + i - n) : end0 + i], dtype=np.int64), return_counts=True
-            )
-            row, v = rows[i], rows[i, seen]
-            v = np.where(v <= 0, v * self.penalty, v / self.penalty)
-            row[seen] = v - count.astype(np.float32) * self.freq - self.presence
+            self._penalize(rows[i], tail[max(0, end0 + i - n) : end0 + i])
+
+    def edit(self, row: np.ndarray, window: Iterable[int]) -> None:
+        """Edit one row in place; `window`: the last repeat_last_n tokens before it."""
+        if len(self.bias_ids):
+            row[self.bias_ids] += self.bias
+        if self.penalty is not None:
+            self._penalize(row, window)
+
+    def _penalize(self, row: np.ndarray, window: Iterable[int]) -> None:
+        assert self.penalty is not None
+        seen, count = np.unique(np.fromiter(window, dtype=np.int64), return_counts=True)
+        v = row[seen]
+        v = np.where(v <= 0, v * self.penalty, v / self.penalty)
+        row[seen] = v - count.astype(np.float32) * self.freq - self.presence
+
+
+class DraftSteer:
+    """How a drafter picks its tokens from its own logits rows: the argmax (a deterministic draft:
+    sampling stays exact, ARCHITECTURE §3) after the edits the target's row at the same position will
+    get, so a draft is not wrong by construction. For one step (the loop's, `for_step`): the target's
+    RowEdits over the window its verify row will read (the history, then the drafts picked so far)
+    and a copy of its grammar advanced by those drafts; then --spec-draft-p-min on the row as edited.
+    `DraftSteer()` edits nothing: the plain argmax."""
+
+    def __init__(
+        self, edits: Optional[RowEdits] = None, history: Sequence[int] = (), grammar: Optional[lx.Grammar] = None
+    ):
+        self.edits = edits if edits is not None and edits.active else None
+        self.grammar = grammar
+        n = edits.last_n if edits is not None and edits.penalty is not None else 0
+        self.window: Optional[deque[int]] = deque(history[-n:], maxlen=n) if n else None
+
+    def pick(self, row: np.ndarray, p_min: float, probe: ConfidenceProbe) -> Optional[int]:
+        """The draft token of `row` (edited in place), or None: its top probability is below p_min,
+        or the grammar allows no token of it."""
+        if self.edits is not None:
+            self.edits.edit(row, self.window or ())
+        tok, g = int(row.argmax()), self.grammar
+        if g is not None and not g.allows(tok):
+            try:
+                g.mask(row)
+            except lx.LlamaError:
+                return None
+            tok = int(row.argmax())
+        if p_min > 0.0 and probe.top_prob(row) < p_min:
+            return None
+        if g is not None:
+            g.accept(tok)
+        if self.window is not None:
+            self.window.append(tok)
+        return tok
 
 
 def verify_greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
@@ -221,6 +271,7 @@ __all__ = [
     "VerifySampled",
     "TokenSampler",
     "RowEdits",
+    "DraftSteer",
     "ConfidenceProbe",
     "verify_greedy",
     "verify_sampled",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -78,13 +79,17 @@ def served(tiny) -> Iterator[Served]:
     engine.close()
 
 
-def _generate(tiny, *args: str) -> str:
+def _generate_doc(tiny, *args: str) -> dict:
     r = CliRunner().invoke(
         main,
         ["generate", "-m", str(tiny["full"]), "--temp", "0", "-t", "1", "--spec-type", "mtp", "-c", str(N_CTX), *args],
     )
     assert r.exit_code == 0, r.output
-    return json.loads(r.stdout)["text"]
+    return json.loads(r.stdout)
+
+
+def _generate(tiny, *args: str) -> str:
+    return _generate_doc(tiny, *args)["text"]
 
 
 def _streamed(stream) -> tuple[str, list]:
@@ -436,3 +441,40 @@ def test_the_gemma4_assistant_serves(tmp_path):
     finally:
         s.close()
         engine.close()
+
+
+def test_per_request_penalties_and_bias_steer_the_drafts(served, tiny, monkeypatch):
+    """A request's own penalties and logit_bias reach the drafter's picks (sampling.DraftSteer), and
+    its drafts are generate's with the same flags: the same text, drafted and accepted by position."""
+    from mtp_cli import loop
+
+    seen: list[tuple] = []
+    real = loop.DraftSteer
+
+    def spy(edits, history, grammar=None):
+        e = edits
+        seen.append((float(e.penalty), float(e.freq), float(e.presence), dict(zip(e.bias_ids.tolist(), e.bias))))
+        return real(edits, history, grammar)
+
+    monkeypatch.setattr(loop, "DraftSteer", spy)
+    plain = _generate(tiny, "-p", "hello world", "-n", "16", "--json")
+    tok = served.engine.rt.tokenize(plain, add_special=False)[1]  # (a token of the plain answer: banned)
+    flags = ["--repeat-penalty", "1.5", "--frequency-penalty", "1", "--presence-penalty", "0.5", "-l", f"{tok}-inf"]
+    want = _generate_doc(tiny, "-p", "hello world", "-n", "16", "--json", *flags)
+    seen.clear()
+    body = {
+        "model": "m",
+        "prompt": "hello world",
+        "temperature": 0,
+        "max_tokens": 16,
+        "repeat_penalty": 1.5,
+        "frequency_penalty": 1,
+        "presence_penalty": 0.5,
+        "logit_bias": {str(tok): -100},
+    }
+    status, doc = served.raw("POST", "/v1/completions", json.dumps(body))
+    assert status == 200 and doc["choices"][0]["text"] == want["text"] != plain
+    assert seen and all(s == (1.5, 1.0, 0.5, {tok: -math.inf}) for s in seen), seen[:2]
+    mtp, st = doc["mtp"], want["stats"]
+    assert mtp["drafted_by_pos"] == st["drafted_at"] and mtp["accepted_by_pos"] == st["accepted_at"]
+    assert sum(mtp["drafted_by_pos"]) == mtp["drafted"] > 0

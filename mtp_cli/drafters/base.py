@@ -44,7 +44,7 @@ from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import MtpError, VocabMismatchError
-from mtp_cli.sampling import ConfidenceProbe
+from mtp_cli.sampling import ConfidenceProbe, DraftSteer
 
 # A drafter's decode reads one output row (the draft row; catch-up rows have none): its context
 # reserves room for one, as llama.cpp's own draft contexts do (common/speculative.cpp:2480,
@@ -184,25 +184,14 @@ class DraftRows:
         self.probe = ConfidenceProbe(self.n_vocab)
         self.pos = 0  # where id_last sat in the last draft()
         self.n_extra = 0  # draft rows the context holds past pos (to roll back or keep)
-        self.guide: Optional[lx.Grammar] = None  # this step's copy of the target's grammar (the loop's)
+        self.plain = self.steer = DraftSteer()  # steer: this step's (the loop's: the target's edits and grammar)
 
     def pick(self, i: int) -> Optional[int]:
-        """The draft token of output row i (None: its top probability is below p_min, or the guide
-        allows no token): the argmax, among what the guide allows next when there is one (the
-        target's grammar, advanced by the drafts so far: a draft it forbids could never be kept)."""
+        """The draft token of output row i, as this step's steer picks it (the argmax of the row as the
+        target's edits and grammar leave it), or None: its top probability is below p_min, or the
+        grammar allows no token."""
         row = lx.logits_rows(self.ctx, i + 1, self.n_vocab)[i][: self.n_vocab_target]
-        tok, g = int(row.argmax()), self.guide
-        if g is not None and not g.allows(tok):
-            try:
-                g.mask(row)
-            except lx.LlamaError:
-                return None
-            tok = int(row.argmax())
-        if self.p_min > 0.0 and self.probe.top_prob(row) < self.p_min:
-            return None
-        if g is not None:
-            g.accept(tok)
-        return tok
+        return self.steer.pick(row, self.p_min, self.probe)
 
     def enqueue(
         self, tokens: Sequence[int] | np.ndarray, pos0: int, h: Optional[np.ndarray] = None, spare: int = 0

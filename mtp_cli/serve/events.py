@@ -126,6 +126,8 @@ def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
         "accepted": st.n_accepted,
         "acceptance": round(st.acceptance, 4),
         "acceptance_by_pos": [round(x, 4) for x in st.acceptance_by_pos],
+        "drafted_by_pos": list(st.drafted_at),  # (counts: what pools over requests)
+        "accepted_by_pos": list(st.accepted_at),
         "tokens_per_pass": round(st.tokens_per_pass, 4),
         "tokens_per_second": round(st.tokens_per_second, 2),
         "prompt_tokens_per_second": round(st.prompt_tokens_per_second, 2),

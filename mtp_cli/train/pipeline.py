@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gguf_tools import ops
 from gguf_tools.adopt_step35 import adopted as adopted_step35
@@ -264,9 +264,11 @@ def measure_acceptance(
     n_threads: int = 1,
     chat: bool | None = None,
     n_ctx: int = 1024,
+    edits: Mapping[str, Any] | None = None,
 ) -> GenStats:
     """Greedy decoding with the MTP head through the Runtime; the generations' pooled stats
-    (acceptance by draft position: acceptance_by_pos)."""
+    (acceptance by draft position: acceptance_by_pos). `edits`: GenConfig's row-edit fields
+    (penalties, logit_bias, ignore_eos) the generations run with."""
     from mtp_cli.chat import chat_prompt
     from mtp_cli.runtime import Runtime
 
@@ -278,6 +280,7 @@ def measure_acceptance(
         draft_model=sidecar,
         draft_n_max=draft_n_max,
         temp=0.0,
+        **(edits or {}),
     )
     runs = []
     with Runtime.load(model, cfg) as rt:
