@@ -68,7 +68,7 @@ def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: in
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     if n_max == 0:
         cmd = [str(bins / "llama-completion"), *common, "-no-cnv", "--no-display-prompt"]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=600)
         # its perf lines time the decodes ("eval") and the sampler apart; ours is the loop's wall time,
         # so both are added (its first token is the prompt pass's, as ours)
         m = re.search(r"\n[^\n]*?\beval time =\s*([\d.]+) ms /\s*(\d+) runs", r.stderr)
@@ -88,7 +88,8 @@ def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: in
         "0",
         "-v",
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    # (-v prints each token's piece: a UTF-8 character split across pieces is not valid alone)
+    r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=600)
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", r.stderr)
     if r.returncode != 0 or not m:
         raise SystemExit(f"llama-speculative-simple failed: {r.stderr[-600:]}")
