@@ -11,6 +11,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Drafter
 from mtp_cli.memory import Held
+from mtp_cli.step_costs import StepCosts
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Contexts:
     n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
     drafters: dict[str, Drafter] = field(default_factory=dict)
     held: Optional[Held] = None  # what the last generation left in the target's memory
+    costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
 
     def close(self) -> None:
         for d in self.drafters.values():

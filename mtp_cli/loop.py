@@ -40,6 +40,7 @@ from mtp_cli.memory import Reuse
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import Chooser, DraftSteer, Probs, VerifySampled
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
+from mtp_cli.step_costs import StepCosts
 
 _now = time.perf_counter
 
@@ -72,9 +73,11 @@ class VerifyLoop:
         pieces: lx.PieceDecoder,
         verify_sampled: VerifySampled,
         eog_tokens: Sequence[int] = (),  # the model's (Runtime.eog_tokens), read with --ignore-eos
+        costs: Optional[StepCosts] = None,  # what verify passes cost here: each one is measured into it
     ):
         self.model, self.tgt, self.drafter, self.policy = model, tgt, drafter, policy
         self.stats, self.pieces, self.verify_sampled = stats, pieces, verify_sampled
+        self.costs = costs if costs is not None else StepCosts()
         self.n_ctx, self.n_max, self.n_min = n_ctx, stats.n_max, cfg.draft_n_min
         self.n_predict = cfg.n_predict if cfg.n_predict >= 0 else 1 << 62
         self.V = lx.n_vocab(model)
@@ -215,12 +218,14 @@ class VerifyLoop:
         self.step += 1
         vb.clear()
         vb.add(self.id_last, self.n_past, logits=True)
-        for i, dt in enumerate(drafts):
-            vb.add(dt, self.n_past + 1 + i, logits=True)
+        for i, tok in enumerate(drafts):
+            vb.add(tok, self.n_past + 1 + i, logits=True)
         t = _now()
         lx.decode(self.tgt, vb)
-        st.t_target_decode += _now() - t
+        dt = _now() - t
+        st.t_target_decode += dt
         st.n_verify += 1
+        self.costs.observe(k, dt)
         rows = lx.logits_rows(self.tgt, k + 1, self.V)
         return self.chooser.verify(self.tgt, rows, drafts, self._history())
 

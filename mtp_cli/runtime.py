@@ -252,7 +252,7 @@ class Runtime:
         c = self._ctx
         d = c.drafters.get(cls.name)
         if d is None:
-            plan = ContextPlan(c.target, key.n_ctx, key.n_batch, key.n_threads, key.kv)
+            plan = ContextPlan(c.target, key.n_ctx, key.n_batch, key.n_threads, key.kv, c.costs)
             d = c.drafters[cls.name] = cls.create(self.models, plan)
             if d.n_ctx is not None:
                 c.n_ctx = min(c.n_ctx, d.n_ctx)
@@ -339,7 +339,17 @@ class Runtime:
         """The loop, built when the generator starts (nothing is allocated for one never run)."""
         eog = self.eog_tokens if cfg.ignore_eos else ()
         loop = VerifyLoop(
-            self.model, ctxs.target, d, policy, cfg, ctxs.n_ctx, stats, self._pieces, self._verify_sampled, eog
+            self.model,
+            ctxs.target,
+            d,
+            policy,
+            cfg,
+            ctxs.n_ctx,
+            stats,
+            self._pieces,
+            self._verify_sampled,
+            eog,
+            ctxs.costs,
         )
         try:
             return (yield from loop.run(prompt, kept))

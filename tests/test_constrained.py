@@ -24,7 +24,7 @@ SCHEMA = {
     "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}, "w": {"enum": ["hello", "world"]}},
     "required": ["n", "ok", "w"],
 }
-SPECS = [("none", {}), ("mtp", {"draft_n_max": 3}), ("ngram", {"draft_n_max": 3})]
+SPECS = [("none", {}), ("mtp", {"draft_n_max": 3}), ("ngram", {"draft_n_max": 3}), ("lookup", {"draft_n_max": 16})]
 
 
 @pytest.fixture(scope="module")

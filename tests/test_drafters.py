@@ -201,7 +201,9 @@ def test_ngram_parity_every_n(models, arch, record_property):
         acc, _ = _parity_sweep(
             rt, s["trunk"], prompt, "ngram", f"{arch} ngram (cycle prompt)", record_property, ngram_min=1, ngram_max=3
         )
-    assert acc > 0.3
+        assert acc > 0.3
+        acc, _ = _parity_sweep(rt, s["trunk"], prompt, "lookup", f"{arch} lookup (cycle prompt)", record_property)
+        assert acc > 0.3
 
 
 def write_tiny_mimo2(path: Path, *, n_heads: int, mix: float, head_noise: float, seed: int = 0) -> Path:
@@ -355,10 +357,10 @@ def test_registry_one_module_per_spec_type():
 
     modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base"}
     assert sorted(cls.__module__.rsplit(".", 1)[1] for cls in drafters.REGISTRY.values()) == sorted(modules)
-    assert list(drafters.REGISTRY) == ["none", "mtp", "draft", "ngram"]  # their order on the command line
+    assert list(drafters.REGISTRY) == ["none", "mtp", "draft", "ngram", "lookup"]  # their order on the command line
     assert drafters.get("draft-mtp") is MtpDrafter and drafters.get(" NGRAM-simple ") is NgramDrafter
     assert set(drafters.names()) >= {"none", "mtp", "draft-mtp", "draft", "draft-simple", "ngram", "ngram-simple"}
-    with pytest.raises(ConfigError, match="unknown spec type 'medusa'; use one of: none, mtp, draft, ngram"):
+    with pytest.raises(ConfigError, match="unknown spec type 'medusa'; use one of: none, mtp, draft, ngram, lookup"):
         drafters.get("medusa")
     cfg = drafters.validated(GenConfig(spec_type="draft-mtp", draft_n_max=2))
     assert cfg.spec_type == "mtp"

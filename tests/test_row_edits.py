@@ -105,7 +105,7 @@ def test_penalized_generation_drafted_or_not_equals_llama_cpps_chain(tiny_models
         prompt = p0 + run(rt, p0, greedy(n_predict=10)) + p0[1:]  # what follows is in the window
         ref = _reference(s["full"], prompt, 40, penalty=1.5, last_n=24, ignore_eos=False)
         assert ref != run(rt, prompt, greedy())  # the penalty changes this text
-        for spec, n in (("none", 1), ("mtp", 1), ("mtp", 3), ("ngram", 3)):
+        for spec, n in (("none", 1), ("mtp", 1), ("mtp", 3), ("ngram", 3), ("lookup", 16)):
             assert run(rt, prompt, greedy(spec_type=spec, draft_n_max=n, **kw)) == ref, (spec, n)
             if spec == "mtp":
                 assert rt.stats.n_accepted > 0

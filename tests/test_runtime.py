@@ -36,7 +36,7 @@ def test_long_prompt_in_small_batches(models, arch):
         prompt = rt.tokenize(text)
         assert len(prompt) > 30
         ref = run(rt, prompt, greedy(n_batch=512))
-        for spec, n in (("none", 1), ("mtp", 1), ("mtp", 5), ("ngram", 3)):
+        for spec, n in (("none", 1), ("mtp", 1), ("mtp", 5), ("ngram", 3), ("lookup", 16)):
             out = run(rt, prompt, greedy(spec_type=spec, draft_n_max=n, n_batch=8))
             assert out == ref, (spec, n)
             if spec == "mtp":

@@ -45,6 +45,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import MtpError, VocabMismatchError
 from mtp_cli.sampling import ConfidenceProbe, DraftSteer
+from mtp_cli.step_costs import StepCosts
 
 # A drafter's decode reads one output row (the draft row; catch-up rows have none): its context
 # reserves room for one, as llama.cpp's own draft contexts do (common/speculative.cpp:2480,
@@ -84,6 +85,7 @@ class ContextPlan:
     n_batch: int
     n_threads: Optional[int]
     kv: Optional[lx.KvOptions] = None  # the target's KV cache settings, for a drafter's own context
+    costs: Optional[StepCosts] = None  # what verify passes cost on this target (the loop measures them)
 
 
 class Drafter:

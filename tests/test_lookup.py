@@ -1,0 +1,108 @@
+"""Text lookup (drafters.lookup) and what verification costs here (step_costs): the draft length
+follows the match and its track record against the measured costs, nothing is drafted where nothing
+matches or where drafting would not pay, and output stays plain decoding's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtp_cli.config import GenConfig
+from mtp_cli.drafters.lookup import MATCH_CAP, LookupDrafter, bucket
+from mtp_cli.runtime import Runtime
+from mtp_cli.step_costs import PRIOR_FIRST, PRIOR_SLOPE, StepCosts
+from tests.factory import TinySpec, token_permutation
+from tests.parity import greedy, run
+
+
+def flat(v: float = 1.05) -> StepCosts:
+    """A GPU-like machine: every verify pass costs about a plain step."""
+    c = StepCosts()
+    for k in range(0, 33):
+        c.observe(k, 0.010 * (v if k else 1.0))
+    return c
+
+
+def steep() -> StepCosts:
+    """A small CPU: each drafted token costs most of a plain step."""
+    c = StepCosts()
+    for k in range(0, 33):
+        c.observe(k, 0.010 * (1.0 + 0.6 * k))
+    return c
+
+
+def test_costs_are_measured_interpolated_and_extrapolated():
+    c = StepCosts()
+    assert c.v(0) == 1.0 and c.v(4) == pytest.approx(PRIOR_FIRST + 4 * PRIOR_SLOPE)  # nothing measured
+    c.observe(0, 0.010)
+    c.observe(2, 0.020)
+    c.observe(6, 0.030)
+    assert c.v(2) == pytest.approx(2.0) and c.v(4) == pytest.approx(2.5)  # between measured
+    assert c.v(10) == pytest.approx(4.0)  # past them: the last two's slope
+    assert c.v(1) <= 2.0  # below them: no dearer than the smallest measured
+    c.observe(2, 0.030)  # a new measurement moves the mean (decayed)
+    assert 2.0 < c.v(2) < 3.0
+    c.observe(3, 0.0)  # (a zero time is no measurement)
+    assert 3 not in c.measured()
+
+
+def _drafter(costs: StepCosts, text: list[int]) -> LookupDrafter:
+    d = LookupDrafter(costs)
+    d.begin(text[:-1])
+    return d
+
+
+def test_a_long_verbatim_run_drafts_long_where_verification_is_cheap():
+    run_ = list(range(100, 160))  # 60 tokens said once, then again from the start
+    text = [1, 2, 3, *run_, 7, 8, *run_[:40]]
+    d = _drafter(flat(), text)
+    out = d.draft(text[-1], len(text) - 1, 32)
+    assert d.match()[0] >= 40 and out == run_[40:60] + [7, 8] + run_[:10]  # what followed, 32 tokens
+    d2 = _drafter(steep(), text)
+    short = d2.draft(text[-1], len(text) - 1, 32)
+    assert 0 < len(short) < len(out) and short == out[: len(short)]  # the same copy, as long as it pays
+
+
+def test_no_match_no_draft_and_a_short_match_drafts_less_than_a_long_one():
+    d = _drafter(flat(), list(range(10, 60)))  # nothing repeats
+    assert d.draft(59, 50, 32) == [] and d.match() == (0, -1)
+    costs = steep()
+    short = _drafter(costs, [5, 6, 9, 9, 9, 1, 2, 3, 4, 5, 6])  # "5 6" once before: L = 2
+    long_ = _drafter(costs, [*range(20, 40), 3, 3, *range(20, 38)])  # L = 18
+    assert len(short.draft(6, 10, 16)) < len(long_.draft(37, 39, 16))
+
+
+def test_the_track_record_stops_drafting_from_matches_that_fail():
+    costs = steep()
+    text = [4, 5, 6, 7, 1, 4, 5]  # "4 5" -> 6 7 ...
+    d = _drafter(costs, text)
+    b = bucket(2)
+    a0 = d.alpha(2)
+    assert d.draft(5, 6, 8)  # the prior (Laplace: 3/4 after 2 agreeing tokens) drafts
+    for _ in range(12):  # every such draft fails at once
+        d.accept(0, [6])
+        d._bucket = b
+    assert d.alpha(2) < a0 / 2
+    d.begin(text[:-1])
+    assert d.draft(5, 6, 8) == []  # a plain step promises more now
+    assert d.alpha(MATCH_CAP) > 0.9  # (other buckets keep their own record)
+
+
+def test_lookup_output_is_plain_decodings_and_it_drafts_where_the_text_repeats(tiny_models):
+    """On the structured model's cycle: the continuation repeats the prompt's stretch of it, so the
+    lookup drafts it long and it is kept; greedy output equals plain decoding, sampled too."""
+    s = tiny_models("glm4moe")
+    perm = token_permutation(TinySpec(arch="glm4moe"))
+    x = int(np.nonzero(perm >= 0)[0][10])
+    cyc = [x]
+    for _ in range(40):
+        cyc.append(int(perm[cyc[-1]]))
+    prompt = [1, *cyc, 200, 201, *cyc[:2]]
+    with Runtime(s["trunk"]) as rt:
+        ref = run(rt, prompt, greedy(n_predict=40))
+        out = run(rt, prompt, greedy(spec_type="lookup", draft_n_max=32, n_predict=40))
+        assert out == ref and rt.stats.n_accepted > 10 and max(rt.stats.drafted_at[4:] or [0]) > 0
+        sampled = GenConfig(n_predict=30, n_ctx=256, n_threads=1, temp=0.9, seed=5)
+        assert run(rt, prompt, GenConfig(**{**sampled.__dict__, "spec_type": "lookup", "draft_n_max": 16})) == run(
+            rt, prompt, sampled
+        )
