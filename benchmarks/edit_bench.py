@@ -14,7 +14,9 @@ model. Settings:
     mtp         the MTP head at N=3 (skipped without a head)
     ngram       prompt lookup at a fixed N=8 (`--spec-type ngram --spec-draft-n-max 8`)
     lookup      text lookup, its length from the match (`--spec-type lookup --spec-draft-n-max 32`)
-    auto        `--spec-draft-n-max auto`: the tuned profile, else adaptive
+    mtp-auto    the head alone under `--spec-draft-n-max auto` (the demo's default before lookups)
+    auto        what `mtp-cli generate -m MODEL` drafts with no drafting flags (speed.auto.default_spec,
+                N auto: the lookup chained with the head)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from mtp_cli.errors import NoMtpHeadError  # noqa: E402
 from mtp_cli.prompts import read_prompts  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
 from mtp_cli.speed.adaptive import AdaptiveController  # noqa: E402
-from mtp_cli.speed.auto import AutoDraft  # noqa: E402
+from mtp_cli.speed.auto import AutoDraft, default_spec  # noqa: E402
 from mtp_cli.speed.runs import RunResult, Setting, interleaved, prompt_tokens, warm_up  # noqa: E402
 from mtp_cli.train.data import PROMPTS_DIR  # noqa: E402
 
@@ -45,15 +47,22 @@ EDIT_PROMPTS = Path(__file__).with_name("edit_prompts.json")
 EVAL_PROMPTS = PROMPTS_DIR / "eval_prompts.txt"
 
 
-def auto_setting(rt: Runtime, base: GenConfig) -> Setting:
-    """What `--spec-draft-n-max auto` does with this model (the demo's default): its MTP head if it
-    has one, under the tuned profile or else adaptive (a fresh controller per repeat)."""
-    spec = "mtp" if has_head(rt) else "none"
-    res = AutoDraft(rt).resolve(replace(base, spec_type=spec, draft_mode="auto"))
-    if res.policy is None:
-        return Setting("auto", res.config)
-    n_max = res.policy.n_max
-    return Setting("auto", res.config, lambda: AdaptiveController(n_max))
+def auto_setting(name: str, spec: Callable[[Runtime], str]) -> Callable[[Runtime, GenConfig], Setting | None]:
+    """`--spec-draft-n-max auto` for a spec type: under the tuned profile, else adaptive (a fresh
+    controller per repeat, as a new process would have)."""
+
+    def make(rt: Runtime, base: GenConfig) -> Setting | None:
+        s = spec(rt)
+        if not rt.can_run(s):
+            return None
+        res = AutoDraft(rt).resolve(replace(base, spec_type=s, draft_mode="auto"))
+        if res.controller is None:
+            fixed = res.policy
+            return Setting(name, res.config, (lambda: fixed) if fixed is not None else None)
+        n_max = res.controller.n_max
+        return Setting(name, res.config, lambda: AdaptiveController(n_max))
+
+    return make
 
 
 def has_head(rt: Runtime) -> bool:
@@ -65,7 +74,8 @@ SETTINGS: dict[str, Callable[[Runtime, GenConfig], Setting | None]] = {
     "mtp": lambda rt, b: Setting("mtp", replace(b, spec_type="mtp", draft_n_max=3)) if has_head(rt) else None,
     "ngram": lambda rt, b: Setting("ngram", replace(b, spec_type="ngram", draft_n_max=8)),
     "lookup": lambda rt, b: Setting("lookup", replace(b, spec_type="lookup", draft_n_max=DRAFT_N_MAX_LIMIT)),
-    "auto": auto_setting,
+    "mtp-auto": auto_setting("mtp-auto", lambda rt: "mtp" if has_head(rt) else "none"),
+    "auto": auto_setting("auto", lambda rt: default_spec(rt.model_path, rt.draft_path)),
 }
 
 

@@ -52,7 +52,7 @@ class Contexts:
 
     def close(self) -> None:
         for d in self.drafters.values():
-            d.close()
+            d.close()  # (a chain's members are here too: the chain closes nothing itself)
         self.drafters.clear()
         self.target.close()  # (a context still reading its memory is closed first)
 

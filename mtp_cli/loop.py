@@ -34,7 +34,7 @@ import numpy as np
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters import Drafter
+from mtp_cli.drafters import Chain, Drafter
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Reuse
 from mtp_cli.policy import DraftPolicy
@@ -167,7 +167,8 @@ class VerifyLoop:
         ask for a shadow step whose draft is only compared with the target's token)."""
         p, d = self.policy, self.drafter
         n = p.step(self.k, self.a, self.t_consumer, self.step)
-        k_max = min(n, self.n_max, room - 1, self.n_predict - self.emitted - 1)
+        limit = min(self.n_max, room - 1, self.n_predict - self.emitted - 1)
+        k_max = min(n, limit)
         drafts: list[int] = []
         if p.sleep and d.can_sleep and k_max <= 0:
             self.asleep = True
@@ -177,8 +178,8 @@ class VerifyLoop:
                 d.restart(self.n_past, bool(self.h_on))  # (the last decode's h row, if it computed one)
                 self.asleep = False
                 self._h_rows(True)
-            if self.n_max > 0:
-                drafts = self._steered(k_max)
+            if self.n_max > 0:  # (a shadow step judges the policy's drafter: a self-sized one sits it out)
+                drafts = self._steered(k_max, 0 if p.shadow else max(limit, 0))
             if p.shadow:
                 self.shadow, drafts = drafts, []
         return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
@@ -190,21 +191,30 @@ class VerifyLoop:
             lx.set_embeddings_nextn(self.tgt, on, False)
             self.h_on = on
 
-    def _steered(self, k_max: int) -> list[int]:
+    def _steered(self, k_max: int, limit: int) -> list[int]:
         """The drafter's drafts, each picked from its row as the target's verified row at the same
         position will be edited (penalties, biases) and among what a copy of the target's grammar
         allows, when the drafter picks from rows of its own."""
         d, ch = self.drafter, self.chooser
         if d.rows is None or k_max <= 0 or (ch.grammar is None and not ch.edits.active):
-            return d.draft(self.id_last, self.n_past, k_max)
+            return self._draft(k_max, limit)
         g = ch.grammar.copy() if ch.grammar is not None else None
         d.rows.steer = DraftSteer(ch.edits, self._history(), g)
         try:
-            return d.draft(self.id_last, self.n_past, k_max)
+            return self._draft(k_max, limit)
         finally:
             d.rows.steer = d.rows.plain
             if g is not None:
                 g.close()
+
+    def _draft(self, k_max: int, limit: int) -> list[int]:
+        """The drafter's drafts: up to the policy's N (k_max), or up to `limit` for a drafter that
+        sizes its own; a chain's first member that proposes."""
+        d = self.drafter
+        n_for = lambda m: limit if m.self_sized else k_max  # noqa: E731
+        if isinstance(d, Chain):
+            return d.draft_each(self.id_last, self.n_past, n_for)
+        return d.draft(self.id_last, self.n_past, n_for(d))
 
     def _history(self) -> Sequence[int]:
         """The tokens before this step's first verified row, as far back as the penalties look (none
@@ -252,7 +262,14 @@ class VerifyLoop:
         self.decoded += [self.id_last, *drafts[:a]]  # what the target now holds at n_past..
         self.n_past += a + 1
         self.id_last = nxt
-        self.k, self.a = k, a
+        # the policy hears of the drafts its N sized: a self-sized drafter's (the lookup's) are not its
+        self.k, self.a = (0, 0) if k and self._self_sized_step() else (k, a)
+
+    def _self_sized_step(self) -> bool:
+        """Whether this step's drafts came from a drafter that sizes its own."""
+        d = self.drafter
+        by = d.proposer if isinstance(d, Chain) else d
+        return by is not None and by.self_sized
 
     def _emit(self, tok: int, source: Source, row: int) -> Generator[TokenEvent, None, bool]:
         """Yield one token, chosen at `row` of the last choice (the caller's time is kept apart);

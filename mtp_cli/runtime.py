@@ -205,10 +205,11 @@ class Runtime:
         return lx.n_layer_nextn(m) if m is not None else 0
 
     def can_run(self, spec: str | type[Drafter]) -> bool:
-        """True if the spec type (a name or its drafter class) needs nothing loaded, or is the one
-        this runtime loaded for."""
+        """True if every drafter of the spec type (a name or its drafter class; a chain's members)
+        needs nothing loaded, or is one this runtime loaded for."""
         cls = drafters.get(spec) if isinstance(spec, str) else spec
-        return cls is self.spec or not cls.drafts_with_model
+        loaded = drafters.members(self.spec)
+        return all(m in loaded or not m.drafts_with_model for m in drafters.members(cls))
 
     def close_contexts(self) -> None:
         """Free the contexts (they are re-created by the next generate); the models stay loaded."""
@@ -250,15 +251,24 @@ class Runtime:
             )
             self._ctx = Contexts(key, tgt, min(key.n_ctx, lx.n_ctx(tgt)))
         c = self._ctx
-        d = c.drafters.get(cls.name)
-        if d is None:
-            plan = ContextPlan(c.target, key.n_ctx, key.n_batch, key.n_threads, key.kv, c.costs)
-            d = c.drafters[cls.name] = cls.create(self.models, plan)
-            if d.n_ctx is not None:
-                c.n_ctx = min(c.n_ctx, d.n_ctx)
+        d = self._drafter(c, cls)
         d.configure(cfg)
         lx.set_embeddings_nextn(c.target, cls.target_h, False)  # the target computes h rows only for who reads them
         return c, d
+
+    def _drafter(self, c: Contexts, cls: type[Drafter]) -> Drafter:
+        """The drafter of `cls` on these contexts, created once (a chain from its members' own)."""
+        d = c.drafters.get(cls.name)
+        if d is None:
+            if issubclass(cls, drafters.Chain):
+                d = cls([self._drafter(c, m) for m in cls.members])
+            else:
+                plan = ContextPlan(c.target, c.key.n_ctx, c.key.n_batch, c.key.n_threads, c.key.kv, c.costs)
+                d = cls.create(self.models, plan)
+            c.drafters[cls.name] = d
+            if d.n_ctx is not None:
+                c.n_ctx = min(c.n_ctx, d.n_ctx)
+        return d
 
     def _check_kv(self, cfg: GenConfig, drafting_file: bool) -> None:
         """Refuse, naming the setting, KV cache types llama.cpp would not create a context with (for
@@ -292,8 +302,10 @@ class Runtime:
         cls, cfg = drafters.checked(config)
         if cls.name == "none":
             policy = None  # (plain decoding drafts nothing: a policy would learn from it wrongly)
-        elif policy is not None:
-            cfg = replace(cfg, draft_n_max=policy.n_max).validated()
+        elif policy is not None:  # (its N is the most a step drafts, or, beside a self-sized member, the
+            # most the others draft: the lookup keeps the config's own cap)
+            sized = any(m.self_sized for m in drafters.members(cls))
+            cfg = replace(cfg, draft_n_max=max(policy.n_max, cfg.draft_n_max) if sized else policy.n_max).validated()
         elif cfg.draft_mode != "fixed":
             raise ConfigError(
                 f"`draft_mode` {cfg.draft_mode} is chosen by mtp_cli.speed.auto.AutoDraft.resolve "

@@ -275,7 +275,7 @@ def test_cli_generate_auto_and_adaptive(models):
     )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["stats"]["spec_type"] == "mtp" and "steps_at" in doc["adaptive"]
+    assert doc["stats"]["spec_type"] == "lookup,mtp" and "steps_at" in doc["adaptive"]  # (the default chain)
 
 
 def test_a_draft_n_min_above_the_chosen_n_is_one_clear_error(models):

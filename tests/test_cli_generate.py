@@ -64,6 +64,8 @@ def test_stream_and_summary(tiny, tmp_path, monkeypatch):
         "0",
         "--spec-type",
         "mtp",
+        "--spec-draft-n-max",
+        "3",
         "--show-draft",
         "-t",
         "2",
@@ -349,7 +351,7 @@ def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypat
         assert (target["kv"].flash_attn, target["n_batch"]) == {
             "-fa off": (False, 512),
             "-fa on": (True, 512),
-            "-b 2": (None, 5),  # (n_batch: at least N+2)
+            "-b 2": (None, 34),  # (n_batch: at least N+2; the default lookup drafts up to 32)
         }[" ".join(flags)]
         assert doc["text"] == plain["text"]
     monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
@@ -370,7 +372,7 @@ def test_tune_and_bench_without_a_model_run_the_demo_as_generate_does(tiny, monk
 
 
 def test_demo_defaults_fill_only_what_was_not_given():
-    """The demo's defaults (greedy, MTP with auto N, a repeat penalty of 1.1); a flag or a
+    """The demo's defaults (greedy, a repeat penalty of 1.1; drafting as any model's); a flag or a
     LLAMA_ARG_* variable the user gave wins."""
     import click
 
@@ -389,7 +391,7 @@ def test_demo_defaults_fill_only_what_was_not_given():
         assert opts == given  # (a new dict: what click parsed stays as it was)
 
     assert CliRunner().invoke(cmd, []).exit_code == 0
-    assert seen == {"spec_type": "mtp", "draft_n_max": "auto", "temp": 0.0, "repeat_penalty": go.DEMO_REPEAT_PENALTY}
+    assert seen == {"spec_type": None, "draft_n_max": 3, "temp": 0.0, "repeat_penalty": go.DEMO_REPEAT_PENALTY}
     assert CliRunner().invoke(cmd, ["--repeat-penalty", "1", "--temp", "0.5"]).exit_code == 0
     assert (seen["repeat_penalty"], seen["temp"]) == (1.0, 0.5)
     assert CliRunner().invoke(cmd, [], env={"LLAMA_ARG_REPEAT_PENALTY": "1.3"}).exit_code == 0
@@ -405,8 +407,8 @@ def test_flag_defaults_are_the_configs(command):
     from mtp_cli.config import GenConfig
 
     # flags whose "not given" differs from the field's default: -fa's "auto" is None; --spec-type
-    # unset lets -n auto/adaptive pick mtp (gen_config)
-    spelled_apart = {"flash_attn": "auto", "spec_type": None}
+    # unset is the model's default drafting (speed.auto.default_spec), whose length is auto
+    spelled_apart = {"flash_attn": "auto", "spec_type": None, "draft_n_max": "auto"}
     defaults = GenConfig()
     cmd = main.commands[command]
     names = {f.name for f in fields(GenConfig)}

@@ -123,7 +123,7 @@ def test_drafts_are_picked_among_what_the_grammar_allows(rt, monkeypatch):
     gbnf = lx.json_schema_grammar(SCHEMA)
     cfg = greedy(n_predict=80, grammar=gbnf, spec_type="mtp", draft_n_max=3)
     guided, _, (st, _) = _gen(rt, cfg)
-    monkeypatch.setattr(VerifyLoop, "_steered", lambda self, k: self.drafter.draft(self.id_last, self.n_past, k))
+    monkeypatch.setattr(VerifyLoop, "_steered", lambda self, k, limit: self._draft(k, limit))
     free, _, (st_free, _) = _gen(rt, cfg)
     assert guided == free and st.n_accepted > st_free.n_accepted, (st.acceptance, st_free.acceptance)
 

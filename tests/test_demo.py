@@ -56,7 +56,7 @@ def test_cli_generate_without_model_runs_the_demo_with_mtp(built, monkeypatch):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index("{") :])
     st = doc["stats"]
-    assert st["spec_type"] == "mtp" and st["n_tokens"] == 48
+    assert st["spec_type"] == "lookup,mtp" and st["n_tokens"] == 48  # (the default: lookup, then the head)
     assert st["acceptance"] > 0.3, st  # the trained head drafts tokens the trunk keeps
     lx.quiet_logs()
     none = CliRunner().invoke(main, ["generate", "-n", "48", "-t", "1", "--spec-type", "none", "--json"])

@@ -59,14 +59,14 @@ def test_p_min_reads_the_row_as_edited():
     assert DraftSteer().pick(row.copy(), 0.5, probe) == 4
 
 
-def _unsteered(self, k_max):
+def _unsteered(self, k_max, limit):
     """The mutant: the drafter picks from unedited rows (the grammar still guides it)."""
     d, g = self.drafter, self.chooser.grammar
     copy = g.copy() if g is not None else None
     if d.rows is not None:
         d.rows.steer = DraftSteer(None, (), copy)
     try:
-        return d.draft(self.id_last, self.n_past, k_max)
+        return self._draft(k_max, limit)
     finally:
         if d.rows is not None:
             d.rows.steer = d.rows.plain

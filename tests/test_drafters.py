@@ -355,12 +355,14 @@ def test_registry_one_module_per_spec_type():
     from mtp_cli.drafters.ngram import NgramDrafter
     from mtp_cli.errors import ConfigError
 
-    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base"}
+    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base", "chain"}
     assert sorted(cls.__module__.rsplit(".", 1)[1] for cls in drafters.REGISTRY.values()) == sorted(modules)
     assert list(drafters.REGISTRY) == ["none", "mtp", "draft", "ngram", "lookup"]  # their order on the command line
     assert drafters.get("draft-mtp") is MtpDrafter and drafters.get(" NGRAM-simple ") is NgramDrafter
     assert set(drafters.names()) >= {"none", "mtp", "draft-mtp", "draft", "draft-simple", "ngram", "ngram-simple"}
-    with pytest.raises(ConfigError, match="unknown spec type 'medusa'; use one of: none, mtp, draft, ngram, lookup"):
+    with pytest.raises(
+        ConfigError, match="unknown spec type 'medusa'; use one of: none, mtp, draft, ngram, lookup, or several"
+    ):
         drafters.get("medusa")
     cfg = drafters.validated(GenConfig(spec_type="draft-mtp", draft_n_max=2))
     assert cfg.spec_type == "mtp"

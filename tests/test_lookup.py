@@ -14,6 +14,8 @@ from mtp_cli.step_costs import PRIOR_FIRST, PRIOR_SLOPE, StepCosts
 from tests.factory import TinySpec, token_permutation
 from tests.parity import greedy, run
 
+pytestmark = pytest.mark.measured_costs  # (this module's costs are its own: built and observed here)
+
 
 def flat(v: float = 1.05) -> StepCosts:
     """A GPU-like machine: every verify pass costs about a plain step."""
@@ -88,9 +90,11 @@ def test_the_track_record_stops_drafting_from_matches_that_fail():
     assert d.alpha(MATCH_CAP) > 0.9  # (other buckets keep their own record)
 
 
-def test_lookup_output_is_plain_decodings_and_it_drafts_where_the_text_repeats(tiny_models):
+def test_lookup_output_is_plain_decodings_and_it_drafts_where_the_text_repeats(tiny_models, monkeypatch):
     """On the structured model's cycle: the continuation repeats the prompt's stretch of it, so the
-    lookup drafts it long and it is kept; greedy output equals plain decoding, sampled too."""
+    lookup drafts it long (verification cheap, as on a GPU) and it is kept; greedy output equals
+    plain decoding, sampled too."""
+    monkeypatch.setattr(StepCosts, "v", lambda self, k: 1.0 + 0.02 * k)
     s = tiny_models("glm4moe")
     perm = token_permutation(TinySpec(arch="glm4moe"))
     x = int(np.nonzero(perm >= 0)[0][10])

@@ -82,7 +82,8 @@ def served(tiny) -> Iterator[Served]:
 def _generate_doc(tiny, *args: str) -> dict:
     r = CliRunner().invoke(
         main,
-        ["generate", "-m", str(tiny["full"]), "--temp", "0", "-t", "1", "--spec-type", "mtp", "-c", str(N_CTX), *args],
+        ["generate", "-m", str(tiny["full"]), "--temp", "0", "-t", "1", "--spec-type", "mtp", "-c", str(N_CTX)]
+        + ["--spec-draft-n-max", "3", *args],  # (the served engine's N)
     )
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
@@ -282,7 +283,9 @@ def test_the_command_serves_logs_one_line_per_request_and_stops_on_ctrl_c(tiny):
     import sys
 
     cmd = [sys.executable, "-m", "mtp_cli", "serve", "-m", str(tiny["full"]), "--port", "0", "-c", str(N_CTX)]
-    proc = subprocess.Popen([*cmd, "--spec-type", "mtp", "-t", "1"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cmd, "--spec-type", "mtp", "--spec-draft-n-max", "3", "-t", "1"], stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()

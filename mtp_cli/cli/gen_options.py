@@ -35,10 +35,14 @@ class SpecTypeParam(click.ParamType):
         return "[" + "|".join(self._names()) + "]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from mtp_cli import drafters
+        from mtp_cli.errors import ConfigError
+
         v = str(value).strip().lower()
-        if v not in self._names():
-            self.fail(f"{value!r} is not one of {', '.join(self._names())}", param, ctx)
-        return v
+        try:
+            return drafters.get(v).name  # (a chain, comma-separated, in its canonical order)
+        except ConfigError:
+            self.fail(f"{value!r} is not one of {', '.join(self._names())}, or several comma-separated", param, ctx)
 
 
 class DraftNParam(click.ParamType):
@@ -60,7 +64,11 @@ class SpecTypeOption(click.Option):
             f"{c.name}{' (' + ', '.join(c.aliases) + ')' if c.aliases else ''}: {spelled(c.summary, spell)}"
             for c in drafters.REGISTRY.values()
         )
-        self.help = f"Drafter. {kinds}. [default: none; mtp with --spec-draft-n-max auto/adaptive]"
+        self.help = (
+            f"Drafter, or several comma-separated (the first that proposes drafts, text lookups first, as "
+            f"llama.cpp chains them). {kinds}. [default: lookup, chained with the model's MTP head (or "
+            f"{spell('draft_model')}) when it has one]"
+        )
         return super().get_help_record(ctx)
 
 
@@ -100,7 +108,7 @@ drafting = stack(
         "--spec-draft-n-max",
         "draft_n_max",
         type=DraftNParam(),
-        default=_D.draft_n_max,
+        default="auto",
         show_default=True,
         help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
         "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
@@ -123,10 +131,11 @@ drafting = stack(
 )
 
 
-def gen_config(opts: dict[str, Any]) -> GenConfig:
+def gen_config(opts: dict[str, Any], model: Path) -> GenConfig:
     """The generation settings the options say (a random seed drawn, to be reported; a draft length
-    of auto or adaptive as the config's draft_mode, resolved against the loaded model)."""
-    from mtp_cli.speed.auto import parse_draft_n
+    of auto or adaptive as the config's draft_mode, resolved against the loaded model; no spec type
+    given: the model's default drafting, speed.auto.default_spec)."""
+    from mtp_cli.speed.auto import default_spec, parse_draft_n
 
     values = {f.name: opts[f.name] for f in fields(GenConfig) if f.name in opts}
     mode, n = parse_draft_n(opts["draft_n_max"])
@@ -135,7 +144,7 @@ def gen_config(opts: dict[str, Any]) -> GenConfig:
         grammar=grammar_of(opts),
         draft_mode=mode,
         draft_n_max=_D.draft_n_max if n is None else n,
-        spec_type=opts["spec_type"] or ("mtp" if mode != "fixed" else "none"),
+        spec_type=opts["spec_type"] or default_spec(model, opts.get("draft_model")),
         draft_model=str(opts["draft_model"]) if opts.get("draft_model") else None,
         load_mode=load_mode_of(opts),
         placement=placement_of(opts)[0],
@@ -177,17 +186,13 @@ DEMO_REPEAT_PENALTY = 1.1
 
 def demo_settings(opts: dict[str, Any]) -> dict[str, Any]:
     """The options with the demo model's defaults for those not given on the command line (nor by
-    LLAMA_ARG_*): MTP with the tuned or adaptive N, greedy, llama.cpp's classic repeat penalty (1.1
-    over the last 64 tokens: a 135M model's greedy answer can loop, and did, once AMX's kernels
-    flipped a near-tie in the demo prompt's, until the context was full). Drafting keeps the
-    penalized output exact."""
+    LLAMA_ARG_*): greedy, llama.cpp's classic repeat penalty (1.1 over the last 64 tokens: a 135M
+    model's greedy answer can loop, and did, once AMX's kernels flipped a near-tie in the demo
+    prompt's, until the context was full); drafting as for any model (lookup and the MTP head, N
+    auto). Drafting keeps the penalized output exact."""
     ctx = click.get_current_context()
     given = lambda name: ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # noqa: E731
     out = dict(opts)
-    if not given("spec_type"):
-        out["spec_type"] = "mtp"
-    if not given("draft_n_max") and out["spec_type"] == "mtp":
-        out["draft_n_max"] = "auto"
     if not given("temp"):
         out["temp"] = 0.0
     if not given("repeat_penalty"):

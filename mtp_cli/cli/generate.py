@@ -79,7 +79,7 @@ def generate(
     text = _read_prompt(prompt, prompt_file)
     if system is not None and not chat:
         raise click.UsageError("-sys is a system message for the chat template: add --chat")
-    base = go.gen_config(opts)
+    base = go.gen_config(opts, model)
     with Runtime.load(model, base) as rt:
         res = AutoDraft(rt).resolve(base)
         if chat:
@@ -94,7 +94,7 @@ def generate(
             render.note(f"note: {res.note}")
         pieces = _stream(gen, as_json, show_draft)
         stats = gen.stats
-    _report(as_json, text, pieces, stats, res.policy, None if base.greedy else base.seed)
+    _report(as_json, text, pieces, stats, res.controller, None if base.greedy else base.seed)
     if stats is not None and stats.stop_reason == "interrupted":
         sys.exit(130)  # as llama.cpp does, after the summary
 
@@ -166,7 +166,7 @@ def _conversation(
         model, _, prompt, opts = _demo_defaults(opts, prompt, prompt_file, default_prompt=False)
     first = _read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
     sys_text = _text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None
-    base = go.gen_config(opts)
+    base = go.gen_config(opts, model)
     if not base.greedy:
         render.note(f"seed: {base.seed}")
     with Runtime.load(model, base) as rt:

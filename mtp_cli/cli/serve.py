@@ -81,7 +81,7 @@ def serve(
 
         model = demo_file()
         opts = go.demo_settings(opts)
-    engine = Engine.load(model, go.gen_config(opts), alias).start()
+    engine = Engine.load(model, go.gen_config(opts, model), alias).start()
     _request_log()
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup

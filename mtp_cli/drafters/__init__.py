@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters.base import ContextPlan, Drafter, Loader, Models
+from mtp_cli.drafters.chain import Chain, chain_of
 from mtp_cli.errors import ConfigError
 
 
@@ -37,11 +38,22 @@ _BY_NAME = {n: cls for cls in REGISTRY.values() for n in (cls.name, *cls.aliases
 
 
 def get(name: str) -> type[Drafter]:
-    """The drafter class of a spec type or alias; ConfigError for an unknown one."""
-    cls = _BY_NAME.get(str(name).strip().lower())
-    if cls is None:
-        raise ConfigError(f"unknown spec type {name!r}; use one of: {', '.join(REGISTRY)}")
-    return cls
+    """The drafter class of a spec type or alias, or of a comma-separated chain of them (llama.cpp's
+    `draft-mtp,ngram-mod`: drafters.chain); ConfigError for an unknown one."""
+    parts = [p.strip().lower() for p in str(name).split(",")]
+    classes = [_BY_NAME.get(p) for p in parts]
+    bad = next((p for p, c in zip(parts, classes) if c is None), None)
+    if bad is not None:
+        what = f" in {name!r}" if len(parts) > 1 else ""
+        raise ConfigError(
+            f"unknown spec type {bad!r}{what}; use one of: {', '.join(REGISTRY)}, or several comma-separated"
+        )
+    return chain_of([c for c in classes if c is not None])
+
+
+def members(cls: type[Drafter]) -> tuple[type[Drafter], ...]:
+    """A chain's drafter classes, or the class itself."""
+    return cls.members if issubclass(cls, Chain) else (cls,)
 
 
 def names() -> list[str]:
@@ -63,4 +75,16 @@ def validated(cfg: GenConfig) -> GenConfig:
     return checked(cfg)[1]
 
 
-__all__ = ["REGISTRY", "get", "names", "checked", "validated", "Drafter", "Models", "ContextPlan", "Loader"]
+__all__ = [
+    "REGISTRY",
+    "get",
+    "members",
+    "names",
+    "checked",
+    "validated",
+    "Chain",
+    "Drafter",
+    "Models",
+    "ContextPlan",
+    "Loader",
+]

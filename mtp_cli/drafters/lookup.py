@@ -39,6 +39,7 @@ class LookupDrafter(Drafter):
     summary = "text lookup: copies from the prompt and output, as long as the match says"
     order = 4
     can_resume = True
+    self_sized = True
 
     def __init__(self, costs: Optional[StepCosts] = None, key: int = 2):
         super().__init__()

@@ -133,8 +133,8 @@ def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
         "prompt_tokens_per_second": round(st.prompt_tokens_per_second, 2),
         "seed": None if cfg.greedy else cfg.seed,
     }
-    if res.policy is not None:
-        doc["adaptive"] = res.policy.summary()
+    if res.controller is not None:
+        doc["adaptive"] = res.controller.summary()
     return doc
 
 

@@ -11,22 +11,42 @@ spec type, so learning carries over between generations). "fixed": the config as
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import drafters
 from mtp_cli.config import GenConfig
+from mtp_cli.drafters import Drafter, members
 from mtp_cli.errors import ConfigError
-from mtp_cli.runtime import Runtime
+from mtp_cli.policy import DraftPolicy
+from mtp_cli.runtime import Runtime, open_model_file
 from mtp_cli.speed import profiles
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
 
 DRAFT_N_MODES = ("auto", "adaptive")  # draft lengths chosen here instead of a number
+# the most a text lookup drafts in one step under auto / adaptive: it sizes its drafts by what they
+# promise against measured costs, so the cap only bounds the verify batch (and, on a recurrent
+# target, the rollback snapshots llama.cpp keeps: n_rs_seq = N)
+LOOKUP_N_MAX, LOOKUP_N_MAX_RECURRENT = 32, 16
 NO_PROFILE_NOTE = (
     "no tuned profile for this model on this machine (run `mtp-cli tune -m MODEL`); "
     "choosing N adaptively while generating"
 )
+
+
+def default_spec(model: str | os.PathLike[str], draft_model: Optional[str | os.PathLike[str]] = None) -> str:
+    """What drafts when no spec type is given: the text lookup (it drafts only where a match makes
+    it pay), chained with the model's MTP head, or with what `draft_model` is (an MTP sidecar or
+    assistant: mtp; any other model: draft), as llama.cpp infers the type from a draft model."""
+    gf = open_model_file(model, "model")
+    if draft_model is not None:
+        df = open_model_file(draft_model, "draft model")
+        head = df.layout().nextn_layers > 0 or df.arch in ASSISTANT_ARCHS
+        return "lookup,mtp" if head else "lookup,draft"
+    return "lookup,mtp" if gf.layout().nextn_layers > 0 else "lookup"
 
 
 def parse_draft_n(value: object) -> tuple[str, Optional[int]]:
@@ -46,10 +66,15 @@ def parse_draft_n(value: object) -> tuple[str, Optional[int]]:
 @dataclass
 class Resolved:
     config: GenConfig  # draft_mode fixed (or adaptive, with the policy); spec_type "none" if a profile said off
-    policy: Optional[AdaptiveController]
+    policy: Optional[DraftPolicy]  # an AdaptiveController, or a profile's fixed N for the head of a chain
     mode: str  # "fixed", "profile" or "adaptive"
     note: Optional[str] = None
     profile: Optional[profiles.Profile] = None
+
+    @property
+    def controller(self) -> Optional[AdaptiveController]:
+        """The adaptive controller choosing N, if one does."""
+        return self.policy if isinstance(self.policy, AdaptiveController) else None
 
 
 class AutoDraft:
@@ -80,18 +105,23 @@ class AutoDraft:
         mode = cfg.draft_mode
         if mode == "fixed":
             return Resolved(cfg, None, "fixed")
-        spec = drafters.get(cfg.spec_type).name
+        cls = drafters.get(cfg.spec_type)
+        spec = cls.name
         cfg = replace(cfg, spec_type=spec)
         if spec == "none":
             return Resolved(replace(cfg, draft_mode="fixed", draft_n_max=1), None, "fixed")
-        res = self._from_profile(cfg) if mode == "auto" else None
+        cap = self.self_sized_cap(cls)
+        if all(m.self_sized for m in members(cls)):  # (a lookup sizes its own drafts: no N to choose)
+            return Resolved(replace(cfg, draft_mode="fixed", draft_n_max=cap), None, "fixed")
+        res = self._from_profile(cfg, cls, cap) if mode == "auto" else None
         if res is None:
             ctl = controller or self.controllers.get(spec)
             if ctl is None:
                 ctl = self.controllers[spec] = AdaptiveController(ADAPTIVE_N_MAX)
-            note = NO_PROFILE_NOTE if mode == "auto" and spec == "mtp" else None
-            res = Resolved(replace(cfg, draft_mode="adaptive", draft_n_max=ctl.n_max), ctl, "adaptive", note)
-        n = res.config.draft_n_max
+            note = NO_PROFILE_NOTE if mode == "auto" and any(m.target_h for m in members(cls)) else None
+            n_max = max(ctl.n_max, cap)
+            res = Resolved(replace(cfg, draft_mode="adaptive", draft_n_max=n_max), ctl, "adaptive", note)
+        n = res.policy.n_max if res.policy is not None else res.config.draft_n_max
         if res.config.spec_type != "none" and res.config.draft_n_min > n:
             raise ConfigError(
                 f"`draft_n_min` {res.config.draft_n_min} is above the draft length {mode} chose "
@@ -99,8 +129,17 @@ class AutoDraft:
             )
         return res
 
-    def _from_profile(self, cfg: GenConfig) -> Optional[Resolved]:
-        prof = profiles.find(self.profile_key(cfg), self.config_dir) if cfg.spec_type == "mtp" else None
+    def self_sized_cap(self, cls: type[Drafter]) -> int:
+        """The most a self-sized member (the lookup) may draft in a step here (0: it has none)."""
+        if not any(m.self_sized for m in members(cls)):
+            return 0
+        return LOOKUP_N_MAX_RECURRENT if self.rt.recurrent else LOOKUP_N_MAX
+
+    def _from_profile(self, cfg: GenConfig, cls: type[Drafter], cap: int) -> Optional[Resolved]:
+        """The tuned profile's setting of the head: N (and p-min) for it, or the chain without it
+        (none, for the head alone) where tuned off; self-sized members keep their own cap."""
+        head = next((m for m in members(cls) if m.target_h), None)
+        prof = profiles.find(self.profile_key(cfg), self.config_dir) if head is not None else None
         if prof is None:
             return None
         said = (
@@ -108,16 +147,22 @@ class AutoDraft:
             f"{', ' + prof.created[:10] if prof.created else ''})"
         )
         if prof.spec_type == "none":
+            rest = [m for m in members(cls) if m is not head]
+            if not rest:
+                return Resolved(
+                    replace(cfg, spec_type="none", draft_mode="fixed", draft_n_max=1), None, "profile", said, prof
+                )
+            left = drafters.chain_of(rest)
             return Resolved(
-                replace(cfg, spec_type="none", draft_mode="fixed", draft_n_max=1), None, "profile", said, prof
+                replace(cfg, spec_type=left.name, draft_mode="fixed", draft_n_max=max(cap, 1)),
+                None,
+                "profile",
+                said,
+                prof,
             )
-        return Resolved(
-            replace(cfg, draft_mode="fixed", draft_n_max=int(prof.draft_n_max), draft_p_min=float(prof.draft_p_min)),
-            None,
-            "profile",
-            said,
-            prof,
-        )
+        n = int(prof.draft_n_max)
+        out = replace(cfg, draft_mode="fixed", draft_n_max=max(n, cap), draft_p_min=float(prof.draft_p_min))
+        return Resolved(out, DraftPolicy(n) if cap > n else None, "profile", said, prof)
 
 
-__all__ = ["AutoDraft", "Resolved", "NO_PROFILE_NOTE", "parse_draft_n"]
+__all__ = ["AutoDraft", "Resolved", "NO_PROFILE_NOTE", "LOOKUP_N_MAX", "default_spec", "parse_draft_n"]

@@ -1,0 +1,107 @@
+"""Chained drafters (drafters.chain, llama.cpp's `--spec-type draft-mtp,ngram-mod`): names and order,
+refusals, output equal to plain decoding, and every member kept in step by the steps others draft."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mtp_cli import drafters
+from mtp_cli.cli import main
+from mtp_cli.drafters.chain import Chain
+from mtp_cli.drafters.lookup import LookupDrafter
+from mtp_cli.drafters.mtp import MtpDrafter
+from mtp_cli.drafters.ngram import NgramDrafter
+from mtp_cli.errors import ConfigError
+from mtp_cli.runtime import Runtime
+from tests.factory import TinySpec, token_permutation
+from tests.parity import SENSITIVE, greedy, run
+
+
+def test_chains_are_named_and_ordered_as_llama_cpp_tries_them():
+    c = drafters.get("draft-mtp,ngram-mod")
+    assert issubclass(c, Chain) and c.members == (LookupDrafter, MtpDrafter) and c.name == "lookup,mtp"
+    assert drafters.get(" MTP , ngram ").members == (NgramDrafter, MtpDrafter)  # (lookups first, as llama.cpp)
+    assert drafters.get("ngram,lookup").members == (NgramDrafter, LookupDrafter)  # (otherwise the order given)
+    assert drafters.get("lookup,ngram-mod") is LookupDrafter  # (one member twice: itself)
+    assert drafters.get("draft-mtp,ngram-mod") is c  # (one class per chain)
+    assert c.draft_file == "optional" and c.drafts_with_model and c.target_h and c.can_resume and not c.can_sleep
+    with pytest.raises(ConfigError, match="none cannot be chained"):
+        drafters.get("none,ngram")
+    with pytest.raises(ConfigError, match="one drafter that drafts with a model, got mtp and draft"):
+        drafters.get("mtp,draft")
+    with pytest.raises(ConfigError, match="unknown spec type 'medusa' in 'mtp,medusa'"):
+        drafters.get("mtp,medusa")
+
+
+def _cycle_prompt(rt: Runtime) -> list[int]:
+    """A stretch of the structured model's greedy cycle, then its start again: the continuation repeats
+    it (the lookup's), then goes on past it (the head's)."""
+    perm = token_permutation(TinySpec(arch="glm4moe"))
+    x = int(np.nonzero(perm >= 0)[0][10])
+    cyc = [x]
+    for _ in range(12):
+        cyc.append(int(perm[cyc[-1]]))
+    return [1, *cyc, 200, 201, *cyc[:2]]
+
+
+def _proposers(monkeypatch) -> list[tuple[str, int, int]]:
+    """(member, drafted, kept) of every step a chain drafted."""
+    seen: list[tuple[str, int, int]] = []
+    real = Chain.accept
+
+    def accept(self, n_accepted, drafts):
+        if drafts and self.proposer is not None:
+            seen.append((self.proposer.name, len(drafts), n_accepted))
+        real(self, n_accepted, drafts)
+
+    monkeypatch.setattr(Chain, "accept", accept)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
+def test_a_chain_keeps_every_member_in_step(tiny_models, arch, monkeypatch):
+    """A head that always agrees with the target (no noise) and a lookup that drafts past where the
+    text stops repeating: the lookup's steps (rejected tails included, rolled back on the recurrent
+    target too) leave the head in step, so every one of the head's drafts is still kept; the output
+    is plain decoding's."""
+    s = tiny_models(arch, head_noise=0.0)
+    seen = _proposers(monkeypatch)
+    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+        prompt = _cycle_prompt(rt)
+        ref = run(rt, prompt, greedy(n_predict=40))
+        assert run(rt, prompt, greedy(spec_type="draft-mtp,ngram-mod", draft_n_max=16, n_predict=40)) == ref
+    by = {name: [(k, a) for n, k, a in seen if n == name] for name in ("lookup", "mtp")}
+    assert by["lookup"] and by["mtp"], seen
+    assert any(a < k for k, a in by["lookup"])  # (the lookup overshot at least once)
+    assert all(a == k for k, a in by["mtp"]), by["mtp"]
+
+
+@pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])
+def test_chains_decode_as_plain_decoding_greedy_and_sampled(tiny_models, spec):
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    with Runtime(s["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize(" ".join(["hello world the a"] * 4))
+        for n in (1, 3, 8):
+            assert run(rt, prompt, greedy(spec_type=spec, draft_n_max=n)) == run(rt, prompt, greedy()), (spec, n)
+        sampled = greedy(temp=0.9, seed=3, n_predict=30)
+        out = run(rt, prompt, greedy(spec_type=spec, draft_n_max=4, temp=0.9, seed=3, n_predict=30))
+        assert out == run(rt, prompt, sampled)
+
+
+def test_the_command_line_takes_a_chain_and_its_environment_variable(tiny_models, monkeypatch):
+    s = tiny_models("glm4moe", head_noise=0.0)
+    args = ["generate", "-m", str(s["full"]), "-p", "hello world", "-n", "12", "--temp", "0", "-t", "1", "--json"]
+    plain = json.loads(CliRunner().invoke(main, args).stdout)
+    r = CliRunner().invoke(main, [*args, "--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "4"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["text"] == plain["text"] and doc["stats"]["spec_type"] == "lookup,mtp" and doc["stats"]["n_accepted"]
+    monkeypatch.setenv("LLAMA_ARG_SPEC_TYPE", "mtp,ngram")
+    doc = json.loads(CliRunner().invoke(main, args).stdout)
+    assert doc["text"] == plain["text"] and doc["stats"]["spec_type"] == "ngram,mtp"
+    r = CliRunner().invoke(main, [*args, "--spec-type", "mtp,medusa"])
+    assert r.exit_code == 2 and "'mtp,medusa' is not one of" in r.output and "Traceback" not in r.output
