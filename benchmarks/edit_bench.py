@@ -41,10 +41,11 @@ from mtp_cli.runtime import Runtime  # noqa: E402
 from mtp_cli.speed.adaptive import AdaptiveController  # noqa: E402
 from mtp_cli.speed.auto import AutoDraft, default_spec  # noqa: E402
 from mtp_cli.speed.runs import RunResult, Setting, interleaved, prompt_tokens, warm_up  # noqa: E402
-from mtp_cli.train.data import PROMPTS_DIR  # noqa: E402
 
 EDIT_PROMPTS = Path(__file__).with_name("edit_prompts.json")
-EVAL_PROMPTS = PROMPTS_DIR / "eval_prompts.txt"
+# (not through mtp_cli.train: importing it marks the process as running torch, which turns llama.cpp's
+# AMX path off, and a plain token here costs twice as much)
+EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "mtp_cli" / "train" / "prompts" / "eval_prompts.txt"
 
 
 def auto_setting(name: str, spec: Callable[[Runtime], str]) -> Callable[[Runtime, GenConfig], Setting | None]:

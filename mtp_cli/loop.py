@@ -173,6 +173,10 @@ class VerifyLoop:
         if p.sleep and d.can_sleep and k_max <= 0:
             self.asleep = True
             self._h_rows(p.quiet <= 0)  # (only the step before the policy may wake the drafter needs one)
+            if isinstance(d, Chain):  # (its members that cannot sleep, a lookup, go on drafting)
+                d.sleeping = True
+                if self.n_max > 0 and not p.shadow:
+                    drafts = self._draft(0, max(limit, 0))
         else:
             if self.asleep:
                 d.restart(self.n_past, bool(self.h_on))  # (the last decode's h row, if it computed one)
@@ -257,7 +261,7 @@ class VerifyLoop:
             if self.shadow:
                 self.policy.shadow_result(self.shadow[0] == nxt)
             self.shadow = None
-        if not self.asleep:
+        if not self.asleep or isinstance(self.drafter, Chain):  # (a chain's sleeping members skip it)
             self.drafter.accept(a, drafts)
         self.decoded += [self.id_last, *drafts[:a]]  # what the target now holds at n_past..
         self.n_past += a + 1

@@ -236,7 +236,7 @@ class Runtime:
         cfg.spec_type (`cls`, when the caller looked it up) on it (created once per target
         context), configured for cfg."""
         cls = cls or drafters.get(cfg.spec_type)
-        key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.name != "none")
+        key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.drafts)
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
@@ -300,7 +300,7 @@ class Runtime:
         (stats.n_cached says how many; mtp_cli.memory)."""
         self._require_open()
         cls, cfg = drafters.checked(config)
-        if cls.name == "none":
+        if not cls.drafts:
             policy = None  # (plain decoding drafts nothing: a policy would learn from it wrongly)
         elif policy is not None:  # (its N is the most a step drafts, or, beside a self-sized member, the
             # most the others draft: the lookup keeps the config's own cap)
@@ -321,7 +321,7 @@ class Runtime:
         ctxs, d = self.contexts(cfg, cls)
         if len(prompt) > ctxs.n_ctx:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the context holds {ctxs.n_ctx} (`n_ctx`)")
-        n_max = cfg.draft_n_max if cls.name != "none" else 0
+        n_max = cfg.draft_n_max if cls.drafts else 0
         if d.n_max_limit is not None:
             n_max = min(n_max, d.n_max_limit)
         held, ctxs.held = ctxs.held, None  # (until the new generation ends, the memory is in flux)

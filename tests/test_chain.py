@@ -16,6 +16,7 @@ from mtp_cli.drafters.lookup import LookupDrafter
 from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.drafters.ngram import NgramDrafter
 from mtp_cli.errors import ConfigError
+from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from tests.factory import TinySpec, token_permutation
 from tests.parity import SENSITIVE, greedy, run
@@ -28,7 +29,7 @@ def test_chains_are_named_and_ordered_as_llama_cpp_tries_them():
     assert drafters.get("ngram,lookup").members == (NgramDrafter, LookupDrafter)  # (otherwise the order given)
     assert drafters.get("lookup,ngram-mod") is LookupDrafter  # (one member twice: itself)
     assert drafters.get("draft-mtp,ngram-mod") is c  # (one class per chain)
-    assert c.draft_file == "optional" and c.drafts_with_model and c.target_h and c.can_resume and not c.can_sleep
+    assert c.draft_file == "optional" and c.drafts_with_model and c.target_h and c.can_resume and c.can_sleep
     with pytest.raises(ConfigError, match="none cannot be chained"):
         drafters.get("none,ngram")
     with pytest.raises(ConfigError, match="one drafter that drafts with a model, got mtp and draft"):
@@ -78,6 +79,41 @@ def test_a_chain_keeps_every_member_in_step(tiny_models, arch, monkeypatch):
     assert by["lookup"] and by["mtp"], seen
     assert any(a < k for k, a in by["lookup"])  # (the lookup overshot at least once)
     assert all(a == k for k, a in by["mtp"]), by["mtp"]
+
+
+class _Nap(DraftPolicy):
+    """Drafting off (asleep) for steps 1..3 (where the text still repeats the prompt), then on again."""
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        self.sleep = 1 <= done < 4
+        return 0 if self.sleep else self.n_max
+
+
+def test_while_the_head_sleeps_the_lookup_drafts_and_the_head_wakes_in_step(tiny_models, monkeypatch):
+    """Drafting off (a policy's sleep): the head is not called and the target computes no h rows,
+    while the lookup, which needs every token, goes on drafting; woken, the head restarts at the
+    current position and every one of its drafts is kept again (it agrees with the target)."""
+    s = tiny_models("glm4moe", head_noise=0.0)
+    seen = _proposers(monkeypatch)
+    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+        prompt = _cycle_prompt(rt)
+        ref = run(rt, prompt, greedy(n_predict=40))
+        cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
+        steps: list[tuple[int, bool]] = []
+        real = Chain.draft_each
+
+        def spy(self, id_last, pos, n_for):
+            out = real(self, id_last, pos, n_for)
+            steps.append((len(out), self.sleeping))
+            return out
+
+        monkeypatch.setattr(Chain, "draft_each", spy)
+        assert run(rt, prompt, cfg) == ref
+        nap = _Nap(4)
+        assert [ev.token for ev in rt.generate(prompt, cfg, policy=nap)] == ref
+    assert any(k and asleep for k, asleep in steps), str(steps)  # the lookup drafted while the head slept
+    heads = [(k, a) for n, k, a in seen if n == "mtp"]
+    assert heads and all(a == k for k, a in heads), heads
 
 
 @pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])

@@ -347,7 +347,7 @@ def test_a_prompt_that_extends_the_last_generation_decodes_only_its_new_tokens(m
         assert got == run(rt, edited, cfg), (arch, spec)
 
 
-@pytest.mark.parametrize("spec", ["none", "mtp", "ngram"])
+@pytest.mark.parametrize("spec", ["none", "mtp", "ngram", "lookup,mtp"])
 @pytest.mark.parametrize("sleep", [False, True])
 def test_the_longest_common_prefix_is_kept_regenerate_and_edits_give_a_fresh_prefills_output(models, spec, sleep):
     """Regenerate (the same prompt again), an edited last turn, a shared head: the memory keeps

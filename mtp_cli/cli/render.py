@@ -66,9 +66,9 @@ def gen_stats(s: Any) -> None:
         f"{STOP_WORDS.get(s.stop_reason, s.stop_reason)}[/]",
         highlight=False,
     )
-    if s.spec_type != "none" and not s.n_drafted:
+    if _drafting(s.spec_type) and not s.n_drafted:
         err.print(f"[dim]{s.spec_type}: nothing drafted was verified ({s.n_verify} plain steps)[/]", highlight=False)
-    elif s.spec_type != "none":
+    elif _drafting(s.spec_type):
         by_pos = " ".join(f"{a:.0%}" for a in s.acceptance_by_pos)
         err.print(
             f"[dim]{s.spec_type}: {s.n_verify} verify passes, {s.tokens_per_pass:.2f} tokens/pass, "
@@ -193,12 +193,12 @@ def bench_table(res: Any) -> Table:
             t.add_row(r.name, "-", "-", "-", "-", "-", r.detail, style="dim")
             continue
         s = r.result.stats
-        drafting = s.spec_type != "none" and s.n_drafted
+        drafted = _drafting(s.spec_type) and s.n_drafted
         t.add_row(
             r.name,
             f"{s.tokens_per_second:.1f}",
             f"{r.ratio:.2f}" if r.ratio else "-",
-            f"{s.acceptance:.0%}" if drafting else "-",
+            f"{s.acceptance:.0%}" if drafted else "-",
             f"{s.tokens_per_pass:.2f}",
             f"{r.result.spread:.1%}",
             r.detail,
@@ -323,3 +323,9 @@ def train_summary(res: Any, sidecar: bool) -> None:
         f"wrote {res.out} ({res.out.stat().st_size / 1e6:.1f} MB)"
         + (f"; use it with: mtp-cli generate -m {res.trunk} -md {res.out} --spec-type mtp" if sidecar else "")
     )
+
+
+def _drafting(spec_type: str) -> bool:
+    from mtp_cli.drafters import drafting  # (not at import: `inspect` and --help load no llama.cpp)
+
+    return drafting(spec_type)

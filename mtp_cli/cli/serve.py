@@ -86,7 +86,9 @@ def serve(
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup
     n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
-    drafting = "no drafting" if res.config.spec_type == "none" else f"{res.config.spec_type} {n}"
+    from mtp_cli import drafters
+
+    drafting = f"{res.config.spec_type} {n}" if drafters.drafting(res.config.spec_type) else "no drafting"
     if engine.startup.note:
         render.note(f"note: {engine.startup.note}")
     render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}", highlight=False)

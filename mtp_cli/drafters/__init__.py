@@ -56,6 +56,11 @@ def members(cls: type[Drafter]) -> tuple[type[Drafter], ...]:
     return cls.members if issubclass(cls, Chain) else (cls,)
 
 
+def drafting(spec_type: str) -> bool:
+    """Whether a spec type (a name, an alias, a chain) drafts at all (none does not)."""
+    return get(spec_type).drafts
+
+
 def names() -> list[str]:
     """Every spec type and alias, as a command line accepts them."""
     return list(_BY_NAME)
@@ -78,6 +83,7 @@ def validated(cfg: GenConfig) -> GenConfig:
 __all__ = [
     "REGISTRY",
     "get",
+    "drafting",
     "members",
     "names",
     "checked",

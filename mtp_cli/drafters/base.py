@@ -103,6 +103,8 @@ class Drafter:
     can_sleep: ClassVar[bool] = False
     #: True if resume() can continue its state into a generation that extends the last one
     can_resume: ClassVar[bool] = False
+    #: False for plain decoding (the spec type that never drafts)
+    drafts: ClassVar[bool] = True
     #: True if it sizes its own drafts (up to the step's limit: the room left, draft_n_max), so the
     #: policy's N does not apply to it (the text lookup)
     self_sized: ClassVar[bool] = False

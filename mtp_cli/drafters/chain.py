@@ -7,7 +7,8 @@ that read the text come before those that decode a model (common/speculative.cpp
 types first), so a lookup that has a long match speaks before the head spends a decode. At most
 one member drafts with a model (it is the one `draft_model` and the runtime's loading are for).
 A member that sizes its own drafts (the lookup) is asked up to the step's limit; the others get the
-policy's N.
+policy's N. While the policy has drafting off, the members that can sleep (a head) sleep and the
+others (a lookup, which needs every token) go on: `sleeping`, until `restart`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Chain(Drafter):
         ctxs = [m.n_ctx for m in self.parts if m.n_ctx is not None]
         self.n_ctx = min(ctxs) if ctxs else None
         self.proposer: Optional[Drafter] = None  # the member whose drafts the last step verified
+        self.sleeping = False  # the members that can sleep do (the loop's: the policy has drafting off)
 
     # -- the spec: the members' hooks -----------------------------------------------------------------
 
@@ -91,13 +93,18 @@ class Chain(Drafter):
         for m in self.parts:
             m.configure(cfg)
 
+    def _awake(self) -> list[Drafter]:
+        return [m for m in self.parts if not (self.sleeping and m.can_sleep)]
+
     def begin(self, prompt: Sequence[int]) -> None:
+        self.sleeping = False
         for m in self.parts:
             m.begin(prompt)
 
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
+        self.sleeping = False  # (asleep: the members that slept resume cold)
         for m in self.parts:
-            m.resume(prompt, keep, asleep, rewound)
+            m.resume(prompt, keep, asleep and m.can_sleep, rewound)
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         for m in self.parts:
@@ -111,7 +118,7 @@ class Chain(Drafter):
         members after it are asked for none, so that they stay in step."""
         out: list[int] = []
         self.proposer = None
-        for m in self.parts:
+        for m in self._awake():
             n = 0 if self.proposer is not None else n_for(m)
             if m.n_max_limit is not None:
                 n = min(n, m.n_max_limit)
@@ -121,12 +128,15 @@ class Chain(Drafter):
         return out
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
-        for m in self.parts:
+        for m in self._awake():
             m.accept(n_accepted, drafts)
 
     def restart(self, pos: int, h: bool = True) -> None:
+        """The members that slept resume cold at pos (the others never stopped)."""
         for m in self.parts:
-            m.restart(pos, h)
+            if m.can_sleep:
+                m.restart(pos, h)
+        self.sleeping = False
 
     def close(self) -> None:
         """Nothing: the members are the runtime's (each also runs alone)."""
@@ -139,7 +149,7 @@ def chain_of(classes: Sequence[type[Drafter]]) -> type[Drafter]:
     members = tuple(dict.fromkeys(classes))
     if len(members) == 1:
         return members[0]
-    if any(m.name == "none" for m in members):
+    if not all(m.drafts for m in members):
         raise ConfigError("spec type none cannot be chained with others (it drafts nothing)")
     members = tuple(sorted(members, key=lambda m: m.drafts_with_model))  # (stable: the given order otherwise)
     with_model = [m.name for m in members if m.drafts_with_model]
@@ -159,7 +169,7 @@ def _make(members: tuple[type[Drafter], ...]) -> type[Chain]:
         "draft_file": model.draft_file if model else "none",
         "drafts_with_model": model is not None,
         "target_h": any(m.target_h for m in members),
-        "can_sleep": all(m.can_sleep for m in members),
+        "can_sleep": any(m.can_sleep for m in members),  # (those that cannot go on: sleeping)
         "can_resume": all(m.can_resume for m in members),
         "self_sized": False,
         "__module__": __name__,

@@ -11,6 +11,7 @@ class NoDrafter(Drafter):
     name = "none"
     summary = "plain decoding"
     order = 0
+    drafts = False
     can_resume = True
 
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:

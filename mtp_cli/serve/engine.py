@@ -261,7 +261,7 @@ def _log(r: Record, spec_type: str) -> None:
         r.n_tokens,
         r.tokens_per_second,
         spec_type,
-        f" N={r.n_max} ({r.mode}) acceptance {r.acceptance:.1%}" if spec_type != "none" else "",
+        f" N={r.n_max} ({r.mode}) acceptance {r.acceptance:.1%}" if drafters.drafting(spec_type) else "",
         r.stop_reason,
     )
 

@@ -108,7 +108,7 @@ class AutoDraft:
         cls = drafters.get(cfg.spec_type)
         spec = cls.name
         cfg = replace(cfg, spec_type=spec)
-        if spec == "none":
+        if not cls.drafts:
             return Resolved(replace(cfg, draft_mode="fixed", draft_n_max=1), None, "fixed")
         cap = self.self_sized_cap(cls)
         if all(m.self_sized for m in members(cls)):  # (a lookup sizes its own drafts: no N to choose)
@@ -122,7 +122,7 @@ class AutoDraft:
             n_max = max(ctl.n_max, cap)
             res = Resolved(replace(cfg, draft_mode="adaptive", draft_n_max=n_max), ctl, "adaptive", note)
         n = res.policy.n_max if res.policy is not None else res.config.draft_n_max
-        if res.config.spec_type != "none" and res.config.draft_n_min > n:
+        if drafters.drafting(res.config.spec_type) and res.config.draft_n_min > n:
             raise ConfigError(
                 f"`draft_n_min` {res.config.draft_n_min} is above the draft length {mode} chose "
                 f"({n}{', the tuned profile' if res.mode == 'profile' else ''}): lower it"
@@ -146,7 +146,7 @@ class AutoDraft:
             f"tuned profile: {prof.setting} ({prof.ratio_vs_none:.2f}x plain decoding when tuned"
             f"{', ' + prof.created[:10] if prof.created else ''})"
         )
-        if prof.spec_type == "none":
+        if not drafters.drafting(prof.spec_type):
             rest = [m for m in members(cls) if m is not head]
             if not rest:
                 return Resolved(

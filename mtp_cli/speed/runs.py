@@ -67,7 +67,7 @@ def warm_up(rt: Runtime, toks: Sequence[list[int]], base: GenConfig) -> float:
 
 def setting_name(spec_type: str, n: int = 0, p_min: float = 0.0) -> str:
     """ "off", "ngram N=3", "mtp N=3", "mtp N=3 p>=0.5": how a setting is named everywhere."""
-    if spec_type == "none" or n == 0:
+    if n == 0 or not drafters.drafting(spec_type):
         return "off"
     return f"{spec_type} N={n}" + (f" p>={p_min:g}" if p_min > 0 else "")
 
