@@ -69,14 +69,16 @@ def test_cli_bench_prints_every_row(models):
     path = str(models(head_noise=1.0)["full"])
     r = run_cli("bench", "-m", path, "-n", "8", "--repeats", "1", "-t", "1")
     assert r.exit_code == 0, r.output
-    for name in ("none", "ngram N=3", "mtp N=1", "mtp N=2", "mtp N=3", "mtp N=4", "auto", "adaptive"):
+    for name in ("none", "ngram N=3", "lookup", "mtp N=1", "mtp N=2", "mtp N=3", "mtp N=4", "auto", "adaptive"):
         assert f"\n {name} " in "\n" + r.stdout or r.stdout.startswith(f" {name}"), name
-    assert "no profile: adaptive" in r.stdout
     r = run_cli("bench", "-m", path, "-n", "8", "--repeats", "1", "-t", "1", "--json")
     rows = json.loads(r.stdout)["rows"]
+    auto = next(x for x in rows if x["name"] == "auto")
+    assert auto["detail"].startswith("lookup,mtp; no profile: adaptive"), auto["detail"]
     assert [x["name"] for x in rows] == [
         "none",
         "ngram N=3",
+        "lookup",
         "mtp N=1",
         "mtp N=2",
         "mtp N=3",
@@ -92,6 +94,7 @@ def test_cli_bench_without_a_head_skips_mtp_rows(models):
     assert r.exit_code == 0, r.output
     rows = {x["name"]: x for x in json.loads(r.stdout)["rows"]}
     assert rows["none"]["tokens_per_second"] > 0 and rows["adaptive"].get("skipped")
+    assert rows["auto"]["detail"].startswith("lookup;") and rows["lookup"]["tokens_per_second"] > 0
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
     required=False,
     help="Target GGUF [default: the demo model, SmolLM2-135M-Instruct with the MTP head "
     "mtp-cli trained for it, built once into the user cache; with the chat template, and --temp 0, "
-    "--spec-type mtp, --spec-draft-n-max auto and a sample prompt unless given].",
+    "--repeat-penalty 1.1 and a sample prompt unless given].",
 )
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=opt.PATH, help="Read the prompt from a file (- : standard input).")

@@ -19,7 +19,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
 @main.command()
 @opt.model(
     required=False,
-    help="Target GGUF [default: the demo model, with --spec-type mtp and --spec-draft-n-max auto unless given].",
+    help="Target GGUF [default: the demo model, with --temp 0 and --repeat-penalty 1.1 unless given].",
 )
 @opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="LLAMA_ARG_HOST", show_envvar=True)

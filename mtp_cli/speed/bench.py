@@ -1,9 +1,10 @@
-"""`mtp-cli bench`: none, ngram, mtp at fixed N, auto and adaptive side by side, in one run.
+"""`mtp-cli bench`: none, ngram, lookup, mtp at fixed N, auto and adaptive side by side, in one run.
 
 Same prompts and greedy decoding for every row; every setting runs `repeats` times, repeat by
 repeat (measure.interleaved), and each row is the median repeat, with its ratio to plain decoding.
-"auto" is what the `auto` draft length does here (the tuned profile, else adaptive);
-adaptive rows get a fresh controller per repeat, so each repeat pays its own learning.
+"auto" is what `mtp-cli generate` drafts with by default here (speed.auto.default_spec: the lookup
+chained with the head, N from the tuned profile, else adaptive); "adaptive" is the head alone,
+adaptive. Adaptive rows get a fresh controller per repeat, so each repeat pays its own learning.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import NoMtpHeadError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
-from mtp_cli.speed.auto import AutoDraft
+from mtp_cli.speed.auto import LOOKUP_N_MAX, AutoDraft, default_spec
 from mtp_cli.speed.runs import (
     PROMPTS,
     RunResult,
@@ -113,13 +114,8 @@ def bench(
     out = BenchResult(str(model), n_threads, n_predict, repeats, len(texts))
     with rt:
         toks = prompt_tokens(rt, texts, prompts is None)
-        settings: list[Setting] = [Setting("none", replace(base, spec_type="none"))]
         details: dict[str, str] = {"none": "plain decoding"}
-        if ngram:
-            settings.append(Setting(setting_name("ngram", 3), replace(base, spec_type="ngram", draft_n_max=3)))
-            details[settings[-1].name] = "prompt lookup"
-        if has_head:
-            settings += _mtp_settings(rt, base, n_values, details)
+        settings = _settings(rt, base, default_spec(model, draft), n_values, ngram, has_head, details)
         total = len(settings) * max(1, repeats)
         done = [0]
 
@@ -138,25 +134,43 @@ def bench(
             det = "; ".join(x for x in (det, extra) if x)
             out.rows.append(BenchRow(s.name, det, res, _ratio(res.tokens_per_second, none_tps)))
         if not has_head:
-            for name in [setting_name("mtp", n) for n in n_values] + ["auto", "adaptive"]:
+            for name in [setting_name("mtp", n) for n in n_values] + ["adaptive"]:
                 out.rows.append(BenchRow(name, "no MTP head", None))
     return out
 
 
-def _mtp_settings(rt: Runtime, base: GenConfig, n_values: Sequence[int], details: dict[str, str]) -> list[Setting]:
-    """mtp at each fixed N, auto (what the profile says, else adaptive) and adaptive."""
-    out = [Setting(setting_name("mtp", n), replace(base, spec_type="mtp", draft_n_max=n)) for n in n_values]
-    mtp = replace(base, spec_type="mtp")
-    r = AutoDraft(rt).resolve(replace(mtp, draft_mode="auto"), AdaptiveController())
-    if r.mode == "profile" and r.profile is not None:
-        details["auto"] = f"profile: {r.profile.setting}"
-        out.append(Setting("auto", r.config))
-    else:
-        details["auto"] = "no profile: adaptive"
-        out.append(Setting("auto", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
-    out.append(Setting("adaptive", replace(mtp, draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX), AdaptiveController))
-    details["adaptive"] = ""
-    return out
+def _settings(
+    rt: Runtime, base: GenConfig, spec: str, n_values: Sequence[int], ngram: bool, head: bool, details: dict[str, str]
+) -> list[Setting]:
+    """The rows to measure: none, the lookups, the head at each N, auto (the default drafting `spec`),
+    the head adaptive."""
+    settings = [Setting("none", replace(base, spec_type="none"))]
+    if ngram:
+        settings.append(Setting(setting_name("ngram", 3), replace(base, spec_type="ngram", draft_n_max=3)))
+        details[settings[-1].name] = "prompt lookup"
+        settings.append(Setting("lookup", replace(base, spec_type="lookup", draft_n_max=LOOKUP_N_MAX)))
+        details["lookup"] = "text lookup, its own length"
+    if head:
+        settings += [Setting(setting_name("mtp", n), replace(base, spec_type="mtp", draft_n_max=n)) for n in n_values]
+    settings.append(_auto_setting(rt, replace(base, spec_type=spec), details))
+    if head:
+        mtp = replace(base, spec_type="mtp", draft_mode="adaptive", draft_n_max=ADAPTIVE_N_MAX)
+        settings.append(Setting("adaptive", mtp, AdaptiveController))
+        details["adaptive"] = "the head alone"
+    return settings
+
+
+def _auto_setting(rt: Runtime, cfg: GenConfig, details: dict[str, str]) -> Setting:
+    """The default drafting under `auto`: the profile's setting, else adaptive (a fresh controller a repeat)."""
+    r = AutoDraft(rt).resolve(replace(cfg, draft_mode="auto"), AdaptiveController())
+    if r.controller is None:
+        said = f"profile: {r.profile.setting}" if r.mode == "profile" and r.profile is not None else "no head"
+        details["auto"] = f"{r.config.spec_type}; {said}"
+        fixed = r.policy
+        return Setting("auto", r.config, (lambda: fixed) if fixed is not None else None)
+    details["auto"] = f"{r.config.spec_type}; no profile: adaptive"
+    n_max = r.controller.n_max
+    return Setting("auto", r.config, lambda: AdaptiveController(n_max))
 
 
 def _ratio(tps: float, none_tps: float) -> float | None:
