@@ -110,9 +110,12 @@ class VerifyLoop:
             if stop:
                 return st
             while (room := self._room()) > 0:
+                t_step = _now()
                 drafts = self._propose(room)
                 a, nxt = self._verify(drafts)
                 self._settle(drafts, a, nxt)
+                if drafts and self._self_sized_step():  # (not the policy's: its time is left out of its windows)
+                    self.policy.foreign(_now() - t_step)
                 for j in range(a):
                     if (yield from self._emit(drafts[j], "draft", j)):
                         return st

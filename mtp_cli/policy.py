@@ -7,6 +7,8 @@ generating (mtp_cli.speed.adaptive) live above the runtime and subclass this; th
     step(drafted, accepted, t_consumer, done) -> N   report the last step, get the next one's N;
                                             then `shadow` and `sleep` say how to run it
     shadow_result(hit)                      after a shadow step: was its one draft token the target's?
+    foreign(seconds)                        the last step was drafted by another drafter (a self-sized
+                                            lookup beside the policy's), which took this long
     end(done)                               the generation ended after `done` steps
 """
 
@@ -35,6 +37,9 @@ class DraftPolicy:
         return self.n_max
 
     def shadow_result(self, hit: bool) -> None:
+        pass
+
+    def foreign(self, seconds: float) -> None:
         pass
 
     def end(self, done: int) -> None:

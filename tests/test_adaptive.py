@@ -307,3 +307,42 @@ def test_a_draft_length_mode_must_be_resolved_first(models):
         for mode in ("auto", "adaptive"):  # (without the policy AutoDraft.resolve gives)
             with pytest.raises(ConfigError, match=f"draft_mode {mode} is chosen by mtp_cli.speed.auto"):
                 rt.generate(rt.tokenize("hello"), greedy(spec_type="mtp", draft_mode=mode))
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_lookups_steps_beside_the_head_are_not_the_heads_to_measure(monkeypatch, told):
+    """In a chain the lookup drafts some steps itself (long verify passes that give many tokens):
+    those steps are reported as foreign and left out of the controller's windows. A head that loses
+    (every draft step 2.3x a plain one, acceptance 0.5) stays off; counted as plain steps, the
+    lookup's dear steps would make plain decoding look dear and the head look worth it."""
+    clock = [0.0]
+    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
+    rng = random.Random(5)
+    ctl = AdaptiveController(8)
+    ctl.can_sleep = True
+    k = a = -1
+    ctl.begin(0.0)
+    for done in range(6000):
+        n = ctl.step(k, a, 0.0, done)
+        if ctl.shadow:
+            clock[0] += 0.02 * 2.3
+            ctl.shadow_result(rng.random() < 0.5)
+            k = a = 0
+            continue
+        if rng.random() < 0.3:  # the lookup's step: a long verify pass, reported to nobody but foreign()
+            t = 0.02 * 4.0
+            clock[0] += t
+            if told:
+                ctl.foreign(t)
+            k = a = 0
+            continue
+        clock[0] += 0.02 * (2.3 + 0.3 * n) if n else 0.02
+        k, a = n, 0
+        while a < k and rng.random() < 0.5:
+            a += 1
+    ctl.end(6000)
+    on = sum(ctl.steps_at[1:]) / sum(ctl.steps_at)
+    if told:
+        assert ctl.best == 0 and on < 0.05, (on, ctl.steps_at)
+    else:
+        assert on > 0.1, (on, ctl.steps_at)  # (what the test guards against: a head on, losing)

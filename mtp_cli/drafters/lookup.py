@@ -3,12 +3,14 @@ now, as long as the match and its track record make them worth verifying on this
 
 Per step: the longest match of the text's end with an earlier place (every earlier occurrence of
 its last `ngram_min` tokens among the most recent CANDIDATES, extended backwards up to MATCH_CAP
-tokens), and what followed it there. Each token of such a copy is assumed kept with probability
-alpha, the track record of copies from matches of that length (decayed counts of kept and failed
-draft tokens per doubling of the match length, starting from Laplace's rule of succession: after
-L agreeing tokens the next agrees with probability (L+1)/(L+2)). The draft length d maximizes the
-tokens a verify pass then gives, sum_{i<=d} alpha^i, over what it costs, v(d) (mtp_cli.step_costs:
-measured here); no draft unless that beats a plain step. So a long verbatim run drafts long, a
+tokens), and what followed it there. The copy's first token is kept with probability p, each later
+one (the one before it kept) with probability alpha: the track record of copies from matches of
+that length (decayed counts of kept and failed tokens, first and later apart, per doubling of the
+match length), starting from Laplace's rule of succession (after L agreeing tokens the next agrees
+with probability (L+1)/(L+2)). The first token is the risky one: where a short match goes wrong it
+goes wrong at once, and a copy that started right tends to go on. The draft length d maximizes the
+tokens a verify pass then gives, 1 + p (1 + alpha + ... + alpha^(d-1)), over what it costs, v(d)
+(mtp_cli.step_costs: measured here); no draft unless that beats a plain step. So a long verbatim run drafts long, a
 short or unreliable match drafts little or nothing, and a step with no match costs a dict look-up.
 """
 
@@ -28,7 +30,10 @@ MATCH_CAP = 64  # tokens a match is extended backwards at most
 BUCKETS = 6  # track records by match length: [2,4), [4,8), ... [64, ...)
 PRIOR_WEIGHT = 4.0  # pseudo-counts of the prior per bucket
 DECAY = 0.98  # a bucket's counts shrink by this at each of its new records: the workload changes
-MARGIN = 1.02  # a draft must promise this much more than a plain step
+# a draft must promise this much more than a plain step: its real cost has what v(d) leaves out (a
+# new batch shape rebuilds llama.cpp's graph, a big batch cools the caches for the next plain step;
+# benchmarks/lookup_sim.py: 1.1 did best among 1.02 / 1.1 / 1.2 on the edit prompts)
+MARGIN = 1.1
 
 
 class LookupDrafter(Drafter):
@@ -48,8 +53,9 @@ class LookupDrafter(Drafter):
         self.hist: list[int] = []
         self.index: dict[tuple[int, ...], deque[int]] = {}
         b = [1 << i for i in range(1, BUCKETS + 1)]  # each bucket's shortest match
-        self.kept = [PRIOR_WEIGHT * (L + 1) / (L + 2) for L in b]
-        self.failed = [PRIOR_WEIGHT / (L + 2) for L in b]
+        # [kept, failed] per bucket: the first token of a copy, and a later one (the one before kept)
+        self.first = [[PRIOR_WEIGHT * (L + 1) / (L + 2), PRIOR_WEIGHT / (L + 2)] for L in b]
+        self.later = [[PRIOR_WEIGHT * (L + 2) / (L + 3), PRIOR_WEIGHT / (L + 3)] for L in b]
         self._bucket: Optional[int] = None  # the bucket of this step's draft
 
     @classmethod
@@ -97,17 +103,19 @@ class LookupDrafter(Drafter):
                 best_len, best = L, start
         return best_len, best
 
-    def alpha(self, length: int) -> float:
+    def odds(self, length: int) -> tuple[float, float]:
+        """(p, alpha) for a copy from a match of this length: its first token kept, a later one kept."""
         b = bucket(length)
-        return self.kept[b] / (self.kept[b] + self.failed[b])
+        (k1, f1), (k2, f2) = self.first[b], self.later[b]
+        return k1 / (k1 + f1), k2 / (k2 + f2)
 
-    def length(self, alpha: float, available: int) -> int:
+    def length(self, p_first: float, alpha: float, available: int) -> int:
         """The d in 0..available with the most tokens per pass for its cost; 0 when none beats a plain step."""
         best_d, best = 0, MARGIN
-        e, p = 1.0, 1.0
+        e, p = 1.0, p_first
         for d in range(1, available + 1):
-            p *= alpha
             e += p
+            p *= alpha
             r = e / self.costs.v(d)
             if r > best:
                 best_d, best = d, r
@@ -127,7 +135,7 @@ class LookupDrafter(Drafter):
         for i in range(n_max):  # what followed, overlapping into the draft itself (LZ77-style)
             j = start + i
             out.append(h[j] if j < n else out[j - n])
-        d = self.length(self.alpha(L), len(out))
+        d = self.length(*self.odds(L), len(out))
         if d:
             self._bucket = bucket(L)
         return out[:d]
@@ -135,11 +143,18 @@ class LookupDrafter(Drafter):
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         b = self._bucket
         if b is not None and drafts:
-            self.kept[b] = self.kept[b] * DECAY + n_accepted
-            self.failed[b] = self.failed[b] * DECAY + (n_accepted < len(drafts))
+            _record(self.first[b], kept=float(n_accepted > 0), failed=n_accepted == 0)
+            if n_accepted and len(drafts) > 1:
+                _record(self.later[b], kept=float(n_accepted - 1), failed=n_accepted < len(drafts))
             self._bucket = None
         for t in drafts[:n_accepted]:
             self._push(int(t))
+
+
+def _record(counts: list[float], *, kept: float, failed: bool) -> None:
+    """Decay a [kept, failed] pair and add what one draft did."""
+    counts[0] = counts[0] * DECAY + kept
+    counts[1] = counts[1] * DECAY + failed
 
 
 def bucket(length: int) -> int:

@@ -105,6 +105,7 @@ class AdaptiveController(DraftPolicy):
         self._due = self._gap if start == 0 else WINDOW_START  # the total at which the next decision is due
         self._t0 = _now()  # the window's clock (restarted by begin: a partial window's time is dropped)
         self._tc0 = 0.0
+        self._f_steps, self._f_time = 0, 0.0  # this window's foreign steps (another drafter's) and their time
         self._active = False  # between begin() and end()
         # what happened (for reports and tests)
         self.steps_at = [0] * (n_max + 1)  # steps run at each N (requested: the loop may draft fewer near the end)
@@ -124,6 +125,7 @@ class AdaptiveController(DraftPolicy):
         self._na = [0] * (self.n_max + 2)
         self._t0 = _now()
         self._tc0 = t_consumer
+        self._f_steps, self._f_time = 0, 0.0
         self.sleep = self.sleep and self.can_sleep  # (a drafter that cannot sleep is in step: no warm-up either)
         if not self.sleep:
             self._due = min(self._due, self._base + WINDOW_ON)
@@ -176,10 +178,17 @@ class AdaptiveController(DraftPolicy):
 
     # -- decisions -------------------------------------------------------------------------------
 
+    def foreign(self, seconds: float) -> None:
+        """A step another drafter drafted (a self-sized lookup beside the head): its time and its one
+        step are left out of what this window measures."""
+        self._f_steps += 1
+        self._f_time += seconds
+
     def _decide(self, t_consumer: float, total: int) -> int:
-        steps, n_win = total - self._w0, self.n  # since the window started, or this generation did
-        if steps:
-            self._observe(steps, n_win, (_now() - self._t0 - (t_consumer - self._tc0)) / steps)
+        n_win = self.n
+        steps = total - self._w0 - self._f_steps  # since the window started, or this generation did: its own
+        if steps > 0:
+            self._observe(steps, n_win, (_now() - self._t0 - (t_consumer - self._tc0) - self._f_time) / steps)
         self._nk = [0] * (self.n_max + 2)
         self._na = [0] * (self.n_max + 2)
         self._w0 = total
@@ -188,6 +197,7 @@ class AdaptiveController(DraftPolicy):
             self._due = total + PROBE_STEPS - 1
             self.quiet = 0
             self._t0, self._tc0 = _now(), t_consumer
+            self._f_steps, self._f_time = 0, 0.0
             return self.n
         if self._warm is not None:  # the head caught up: the probe
             probe, self._warm = self._warm, None
@@ -283,6 +293,7 @@ class AdaptiveController(DraftPolicy):
         self._due = total + window
         self.quiet = window - 1 if self.sleep else 0  # step() answers without looking until the next decision
         self._t0, self._tc0 = _now(), t_consumer
+        self._f_steps, self._f_time = 0, 0.0
         return self.n
 
     def _may_sleep(self) -> bool:
