@@ -88,6 +88,7 @@ class VerifyLoop:
         self.t_consumer = 0.0
         self.emitted = self.step = self.n_past = self.id_last = 0
         self.k = self.a = -1  # drafted / accepted by the last step (-1: before the first)
+        self.a_last = 0  # drafts the last verify kept, whoever drafted them: its h row a is pos-1's
         self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
         self.h_on: Optional[bool] = None  # the target computes its h rows (nextn embeddings) for its decodes
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
@@ -178,11 +179,11 @@ class VerifyLoop:
             self._h_rows(p.quiet <= 0)  # (only the step before the policy may wake the drafter needs one)
             if isinstance(d, Chain):  # (its members that cannot sleep, a lookup, go on drafting)
                 d.sleeping = True
-                if self.n_max > 0 and not p.shadow:
-                    drafts = self._draft(0, max(limit, 0))
+                if self.n_max > 0:  # (a shadow step's is asked for none: kept in step all the same)
+                    drafts = self._draft(0, 0 if p.shadow else max(limit, 0))
         else:
             if self.asleep:
-                d.restart(self.n_past, bool(self.h_on))  # (the last decode's h row, if it computed one)
+                d.restart(self.n_past, bool(self.h_on), self.a_last)  # (pos-1 is row a_last of the last decode)
                 self.asleep = False
                 self._h_rows(True)
             if self.n_max > 0:  # (a shadow step judges the policy's drafter: a self-sized one sits it out)
@@ -220,7 +221,7 @@ class VerifyLoop:
         d = self.drafter
         n_for = lambda m: limit if m.self_sized else k_max  # noqa: E731
         if isinstance(d, Chain):
-            return d.draft_each(self.id_last, self.n_past, n_for)
+            return d.draft_each(self.id_last, self.n_past, n_for, self.n_min)
         return d.draft(self.id_last, self.n_past, n_for(d))
 
     def _history(self) -> Sequence[int]:
@@ -271,6 +272,7 @@ class VerifyLoop:
         self.id_last = nxt
         # the policy hears of the drafts its N sized: a self-sized drafter's (the lookup's) are not its
         self.k, self.a = (0, 0) if k and self._self_sized_step() else (k, a)
+        self.a_last = a
 
     def _self_sized_step(self) -> bool:
         """Whether this step's drafts came from a drafter that sizes its own."""

@@ -240,7 +240,7 @@ class Runtime:
         if self._ctx is not None and self._ctx.key != key:
             self.close_contexts()
         if self._ctx is None:
-            self._check_kv(cfg, cls.name == self.spec.name)
+            self._check_kv(cfg, any(m.drafts_with_model for m in drafters.members(cls)))
             tgt = lx.create_context(
                 self.model,
                 n_ctx=key.n_ctx,

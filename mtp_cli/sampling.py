@@ -82,15 +82,22 @@ class RowEdits:
             self._penalize(rows[i], tail[max(0, end0 + i - n) : end0 + i])
 
     def edit(self, row: np.ndarray, window: Iterable[int]) -> None:
-        """Edit one row in place; `window`: the last repeat_last_n tokens before it."""
+        """Edit one row in place; `window`: the last repeat_last_n tokens before it. A draft model's
+        row may be shorter than the target's vocabulary: ids past its end cannot be drafted, so skip."""
+        n = len(row)
         if len(self.bias_ids):
-            row[self.bias_ids] += self.bias
+            ids, bias = self.bias_ids, self.bias
+            if ids.max() >= n:
+                ids, bias = ids[ids < n], bias[ids < n]
+            row[ids] += bias
         if self.penalty is not None:
             self._penalize(row, window)
 
     def _penalize(self, row: np.ndarray, window: Iterable[int]) -> None:
         assert self.penalty is not None
         seen, count = np.unique(np.fromiter(window, dtype=np.int64), return_counts=True)
+        if len(seen) and seen[-1] >= len(row):  # (sorted: a draft row shorter than the target's)
+            seen, count = seen[seen < len(row)], count[seen < len(row)]
         v = row[seen]
         v = np.where(v <= 0, v * self.penalty, v / self.penalty)
         row[seen] = v - count.astype(np.float32) * self.freq - self.presence

@@ -15,6 +15,7 @@ from bisect import bisect_left
 # v(k) = PRIOR_FIRST + PRIOR_SLOPE k for k >= 1 before measurements (the demo model on 2 vCPUs:
 # v(1), v(2), v(4), v(8), v(16) = 1.53, 1.82, 2.19, 3.18, 5.23)
 PRIOR_FIRST, PRIOR_SLOPE = 1.3, 0.245
+COLD = 1.5  # a first pass of k dearer than this times what was expected of it is a cold one
 DECAY = 0.1  # weight of a new measurement in its k's mean (recent costs matter: the context grows)
 
 
@@ -24,10 +25,16 @@ class StepCosts:
     def __init__(self) -> None:
         self._t: dict[int, float] = {}  # k -> decayed mean seconds
         self._ks: list[int] = []  # measured k >= 1, sorted
+        self._tried: set[int] = set()  # k passed once at least
 
     def observe(self, k: int, seconds: float) -> None:
         if seconds <= 0.0:
             return
+        if k not in self._tried:  # a first pass of a new shape may be cold (a graph built, captured)
+            self._tried.add(k)
+            t0 = self._t.get(0)
+            if k > 0 and t0 is not None and seconds > COLD * self.v(k) * t0:
+                return  # (not taken as its cost: that would keep k from being drafted, and measured, again)
         old = self._t.get(k)
         self._t[k] = seconds if old is None else old + DECAY * (seconds - old)
         if old is None and k > 0:

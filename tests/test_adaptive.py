@@ -190,7 +190,7 @@ def test_an_asleep_drafters_target_computes_no_h_rows(models, monkeypatch):
         )
         monkeypatch.setattr(lx, "decode", lambda c, b: (c is tgt and seen.append(b.n_tokens), decode(c, b)))
         monkeypatch.setattr(
-            MtpDrafter, "restart", lambda d, pos, h=True: (seen.append(("restart", h)), restart(d, pos, h))
+            MtpDrafter, "restart", lambda d, pos, h=True, row=0: (seen.append(("restart", h)), restart(d, pos, h, row))
         )
         assert [ev.token for ev in rt.generate(prompt, cfg, policy=_Nap(2))] == ref
     i_off = seen.index("h False")

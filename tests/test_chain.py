@@ -10,12 +10,14 @@ import pytest
 from click.testing import CliRunner
 
 from mtp_cli import drafters
+from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
 from mtp_cli.drafters.chain import Chain
 from mtp_cli.drafters.lookup import LookupDrafter
 from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.drafters.ngram import NgramDrafter
 from mtp_cli.errors import ConfigError
+from mtp_cli.loop import VerifyLoop
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from tests.factory import TinySpec, token_permutation
@@ -102,8 +104,8 @@ def test_while_the_head_sleeps_the_lookup_drafts_and_the_head_wakes_in_step(tiny
         steps: list[tuple[int, bool]] = []
         real = Chain.draft_each
 
-        def spy(self, id_last, pos, n_for):
-            out = real(self, id_last, pos, n_for)
+        def spy(self, id_last, pos, n_for, n_min=1):
+            out = real(self, id_last, pos, n_for, n_min)
             steps.append((len(out), self.sleeping))
             return out
 
@@ -114,6 +116,41 @@ def test_while_the_head_sleeps_the_lookup_drafts_and_the_head_wakes_in_step(tiny
     assert any(k and asleep for k, asleep in steps), str(steps)  # the lookup drafted while the head slept
     heads = [(k, a) for n, k, a in seen if n == "mtp"]
     assert heads and all(a == k for k, a in heads), heads
+
+
+class _Blink(DraftPolicy):
+    """Drafting off for step 1 only: the lookup drafts on the last step the head sleeps through."""
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        self.sleep = done == 1
+        return 0 if self.sleep else self.n_max
+
+
+def test_a_head_woken_after_a_lookup_step_pairs_with_the_kept_draft_row(tiny_models, monkeypatch):
+    """The target's last decode before the head wakes held the lookup's drafts: the head's first row
+    pairs with the h row of the last kept one (row a), not of the step's first token (row 0)."""
+    s = tiny_models("glm4moe", head_noise=0.0)
+    last: dict = {}
+    settle, restart = VerifyLoop._settle, MtpDrafter.restart
+
+    def spy_settle(self, drafts, a, nxt):
+        if self.h_on:
+            h = lx.get_embeddings_nextn(self.tgt, a + 1, copy=True, n_embd=self.drafter.parts[-1].E)
+            last.update(a=a, rows=h)
+        settle(self, drafts, a, nxt)
+
+    def spy_restart(self, pos, h=True, row=0):
+        restart(self, pos, h, row)
+        woke.append((last["a"], np.array_equal(self.pending_h, last["rows"][last["a"]])))
+
+    woke: list[tuple[int, bool]] = []
+    monkeypatch.setattr(VerifyLoop, "_settle", spy_settle)
+    monkeypatch.setattr(MtpDrafter, "restart", spy_restart)
+    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+        prompt = _cycle_prompt(rt)
+        cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
+        assert [ev.token for ev in rt.generate(prompt, cfg, policy=_Blink(4))] == run(rt, prompt, greedy(n_predict=40))
+    assert woke and woke[0][0] >= 1 and woke[0][1], woke
 
 
 @pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])
@@ -140,4 +177,29 @@ def test_the_command_line_takes_a_chain_and_its_environment_variable(tiny_models
     doc = json.loads(CliRunner().invoke(main, args).stdout)
     assert doc["text"] == plain["text"] and doc["stats"]["spec_type"] == "ngram,mtp"
     r = CliRunner().invoke(main, [*args, "--spec-type", "mtp,medusa"])
-    assert r.exit_code == 2 and "'mtp,medusa' is not one of" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "unknown spec type 'medusa' in 'mtp,medusa'" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, [*args, "--spec-type", "none,ngram"])
+    assert r.exit_code == 2 and "none cannot be chained" in r.output
+
+
+class _Fixed:
+    """A member that always drafts the same tokens (as many as asked, up to its own)."""
+
+    n_max_limit = None
+    can_sleep = False
+    rows = n_ctx = None
+
+    def __init__(self, toks: list[int]):
+        self.toks, self.asked = toks, []
+
+    def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+        self.asked.append(n_max)
+        return self.toks[: max(n_max, 0)]
+
+
+def test_drafts_too_short_for_n_min_leave_the_step_to_the_next_member():
+    """--spec-draft-n-min discards shorter drafts: a lookup's 2 tokens must not stop the head's 4."""
+    short, head = _Fixed([5, 6]), _Fixed([7, 8, 9, 10])
+    chain = Chain([short, head])  # type: ignore[list-item]
+    assert chain.draft_each(1, 0, lambda m: 4, n_min=3) == [7, 8, 9, 10] and chain.proposer is head
+    assert chain.draft_each(1, 0, lambda m: 4) == [5, 6] and chain.proposer is short and head.asked[-1] == 0

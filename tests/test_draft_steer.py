@@ -172,3 +172,17 @@ def test_a_steer_edits_only_the_window_and_the_biased_tokens():
     cfg = GenConfig(repeat_penalty=1.3, repeat_last_n=4, logit_bias=((900, -1.0),))
     DraftSteer(RowEdits(cfg, ()), [10, 11, 12, 13, 14]).pick(row, 0.0, ConfidenceProbe(V))
     assert set(np.flatnonzero(row != before)) == {11, 12, 13, 14, 900}
+
+
+def test_a_draft_row_shorter_than_the_targets_vocabulary_skips_the_ids_past_its_end():
+    """A draft model may have a few tokens fewer than the target (drafters.base allows 128): biases,
+    EOG bans and window tokens past its row's end cannot be drafted, so they are skipped, not an
+    IndexError on every drafting step."""
+    cfg = GenConfig(repeat_penalty=1.3, repeat_last_n=8, logit_bias=((2, -5.0), (105, 3.0)), ignore_eos=True)
+    edits = RowEdits(cfg, eog_tokens=(103,))
+    row = np.arange(100, dtype=np.float32)
+    steer = DraftSteer(edits, [7, 101, 99])
+    assert steer.pick(row, 0.0, ConfidenceProbe(100)) == 98  # (99 penalized, 2 biased; 101, 103, 105 skipped)
+    assert (
+        row[2] == -3.0 and row[7] == np.float32(7.0) / np.float32(1.3) and row[99] == np.float32(99.0) / np.float32(1.3)
+    )

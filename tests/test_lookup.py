@@ -56,6 +56,18 @@ def test_costs_are_measured_interpolated_and_extrapolated():
     assert 3 not in c.measured()
 
 
+def test_a_cold_first_pass_of_a_length_is_not_its_cost():
+    """A new batch shape's first pass may build (on a GPU, capture) its graph: one far dearer than
+    expected is dropped, so that length is drafted, and measured, again; the next is its cost."""
+    c = StepCosts()
+    c.observe(0, 0.010)
+    c.observe(4, 0.020)
+    c.observe(8, 0.200)  # (cold: 20 plain steps for what should cost about 3)
+    assert c.v(8) < 4.0 and 8 not in c.measured()
+    c.observe(8, 0.150)  # (dear again: it is)
+    assert c.v(8) == pytest.approx(15.0)
+
+
 def _drafter(costs: StepCosts, text: list[int]) -> LookupDrafter:
     d = LookupDrafter(costs)
     d.begin(text[:-1])
@@ -90,8 +102,8 @@ def test_the_track_record_stops_drafting_from_matches_that_fail():
     p0 = d.odds(2)[0]
     assert d.draft(5, 6, 8)  # the prior (Laplace: 3/4 after 2 agreeing tokens) drafts
     for _ in range(12):  # every such draft fails at once
+        d._bucket, d._proposed = b, [6]
         d.accept(0, [6])
-        d._bucket = b
     assert d.odds(2)[0] < p0 / 2
     d.begin(text[:-1])
     assert d.draft(5, 6, 8) == []  # a plain step promises more now
@@ -104,7 +116,7 @@ def test_a_copy_that_starts_right_is_expected_to_go_on():
     d = LookupDrafter(moderate())
     b = bucket(4)
     for i in range(40):
-        d._bucket = b
+        d._bucket, d._proposed = b, [1] * 6
         d.accept(0 if i % 2 else 6, [1] * 6)  # half fail at once, half are kept whole
     p, alpha = d.odds(4)
     assert 0.4 < p < 0.6 and alpha > 0.9
@@ -132,3 +144,14 @@ def test_lookup_output_is_plain_decodings_and_it_drafts_where_the_text_repeats(t
         assert run(rt, prompt, GenConfig(**{**sampled.__dict__, "spec_type": "lookup", "draft_n_max": 16})) == run(
             rt, prompt, sampled
         )
+
+
+def test_only_its_own_verified_drafts_go_into_its_record():
+    """Drafts it proposed but the loop discarded (--spec-draft-n-min), or another member's in a
+    chain, say nothing about its matches."""
+    d = _drafter(moderate(), [4, 5, 6, 7, 1, 4, 5])
+    before = d.odds(2)
+    assert d.draft(5, 6, 8)
+    d.accept(0, [9, 9])  # (the head's drafts, verified in its place)
+    d.accept(0, [])  # (its own, discarded)
+    assert d.odds(2) == before

@@ -185,3 +185,21 @@ def test_off_and_fewer_drafts_win_unless_beaten_by_more_than_the_noise():
     assert T(off)._pick([off, n1, n3]) is n1
     clear = cand("mtp N=3", "mtp", 3, [170.0, 171.0, 172.0], 0.5)
     assert T(off)._pick([off, n1, clear]) is clear
+
+
+def test_a_profile_with_the_head_off_leaves_the_rest_of_the_chain(models, config_dir):
+    """Tuned off: `auto` drops the head from a chain; a lookup left alone sizes its own drafts (fixed
+    at its cap), an ngram left beside it gets its N from adaptive, not the lookup's cap of 32."""
+    from mtp_cli.speed.auto import LOOKUP_N_MAX
+
+    path = models(head_noise=1.0)["full"]
+    with Runtime(path, spec_type="mtp") as rt:
+        auto = AutoDraft(rt)
+        key = auto.profile_key(greedy(spec_type="mtp"))
+        profiles.save(profiles.Profile(key, {}, None, {}, "none", 0, 0.0, 100.0, 1.0), config_dir)
+        auto.config_dir = config_dir
+        res = auto.resolve(greedy(spec_type="lookup,mtp", draft_mode="auto"))
+        assert (res.config.spec_type, res.mode, res.config.draft_n_max) == ("lookup", "profile", LOOKUP_N_MAX)
+        res = auto.resolve(greedy(spec_type="ngram,lookup,mtp", draft_mode="auto"))
+        assert (res.config.spec_type, res.mode) == ("ngram,lookup", "adaptive") and res.controller is not None
+        assert auto.resolve(greedy(spec_type="mtp", draft_mode="auto")).config.spec_type == "none"

@@ -32,7 +32,7 @@ class SpecTypeParam(click.ParamType):
         return drafters.names()
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
-        return "[" + "|".join(self._names()) + "]"
+        return "[" + "|".join(self._names()) + "][,...]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from mtp_cli import drafters
@@ -41,8 +41,8 @@ class SpecTypeParam(click.ParamType):
         v = str(value).strip().lower()
         try:
             return drafters.get(v).name  # (a chain, comma-separated, in its canonical order)
-        except ConfigError:
-            self.fail(f"{value!r} is not one of {', '.join(self._names())}, or several comma-separated", param, ctx)
+        except ConfigError as e:  # (its reason: an unknown name, or a chain that cannot be)
+            self.fail(f"{e}; the spec types are {', '.join(self._names())}, or several comma-separated", param, ctx)
 
 
 class DraftNParam(click.ParamType):
@@ -112,7 +112,8 @@ drafting = stack(
         show_default=True,
         help="Most tokens drafted per step; auto: the setting `mtp-cli tune` saved for this model and "
         "machine (adaptive when there is none); adaptive: chosen per step from measured acceptance "
-        "and costs.",
+        "and costs. The lookup sizes its own drafts from its matches (up to 32, 16 on a recurrent "
+        "model; a number caps it too).",
     ),
     click.option(
         "--spec-draft-n-min",

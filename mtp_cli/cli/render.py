@@ -55,6 +55,16 @@ STOP_WORDS = {
 }
 
 
+BY_POS_SHOWN = 8  # (a lookup drafts up to 32: the first positions tell the story)
+
+
+def _by_pos(acceptance: list[float], drafted: list[int]) -> str:
+    """Acceptance by draft position, as far as anything was drafted (not the cap's untried zeros)."""
+    n = max((i + 1 for i, d in enumerate(drafted) if d), default=0)
+    shown = " ".join(f"{a:.0%}" for a in acceptance[: min(n, BY_POS_SHOWN)])
+    return shown + (f" ... ({n} positions)" if n > BY_POS_SHOWN else "")
+
+
 def gen_stats(s: Any) -> None:
     err.print(
         f"[dim]{s.n_prompt} prompt tokens"
@@ -69,7 +79,7 @@ def gen_stats(s: Any) -> None:
     if _drafting(s.spec_type) and not s.n_drafted:
         err.print(f"[dim]{s.spec_type}: nothing drafted was verified ({s.n_verify} plain steps)[/]", highlight=False)
     elif _drafting(s.spec_type):
-        by_pos = " ".join(f"{a:.0%}" for a in s.acceptance_by_pos)
+        by_pos = _by_pos(s.acceptance_by_pos, s.drafted_at)
         err.print(
             f"[dim]{s.spec_type}: {s.n_verify} verify passes, {s.tokens_per_pass:.2f} tokens/pass, "
             f"acceptance {s.acceptance:.1%} ({s.n_accepted}/{s.n_drafted}), "

@@ -163,8 +163,9 @@ class Drafter:
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         pass
 
-    def restart(self, pos: int, h: bool = True) -> None:
-        pass
+    def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
+        """Resume cold at pos after skipped steps; the target's last decode holds pos-1 at `row`
+        (h: whether it computed h rows)."""
 
     def close(self) -> None:
         pass

@@ -113,9 +113,10 @@ class Chain(Drafter):
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         return self.draft_each(id_last, pos, lambda m: n_max)
 
-    def draft_each(self, id_last: int, pos: int, n_for: Callable[[Drafter], int]) -> list[int]:
-        """The first member's drafts that propose any (each asked for n_for(member) at most); the
-        members after it are asked for none, so that they stay in step."""
+    def draft_each(self, id_last: int, pos: int, n_for: Callable[[Drafter], int], n_min: int = 1) -> list[int]:
+        """The drafts of the first member that proposes n_min or more (each asked for n_for(member) at
+        most: fewer would be discarded, so the next member is asked); the members after it are asked
+        for none, so that they stay in step."""
         out: list[int] = []
         self.proposer = None
         for m in self._awake():
@@ -123,7 +124,7 @@ class Chain(Drafter):
             if m.n_max_limit is not None:
                 n = min(n, m.n_max_limit)
             got = m.draft(id_last, pos, n)
-            if got and self.proposer is None:
+            if len(got) >= max(n_min, 1) and self.proposer is None:
                 out, self.proposer = got, m
         return out
 
@@ -131,11 +132,11 @@ class Chain(Drafter):
         for m in self._awake():
             m.accept(n_accepted, drafts)
 
-    def restart(self, pos: int, h: bool = True) -> None:
+    def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
         """The members that slept resume cold at pos (the others never stopped)."""
         for m in self.parts:
             if m.can_sleep:
-                m.restart(pos, h)
+                m.restart(pos, h, row)
         self.sleeping = False
 
     def close(self) -> None:

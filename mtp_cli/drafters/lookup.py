@@ -57,6 +57,7 @@ class LookupDrafter(Drafter):
         self.first = [[PRIOR_WEIGHT * (L + 1) / (L + 2), PRIOR_WEIGHT / (L + 2)] for L in b]
         self.later = [[PRIOR_WEIGHT * (L + 2) / (L + 3), PRIOR_WEIGHT / (L + 3)] for L in b]
         self._bucket: Optional[int] = None  # the bucket of this step's draft
+        self._proposed: list[int] = []  # its drafts of this step, as it proposed them
 
     @classmethod
     def check_config(cls, cfg: GenConfig) -> None:
@@ -137,12 +138,12 @@ class LookupDrafter(Drafter):
             out.append(h[j] if j < n else out[j - n])
         d = self.length(*self.odds(L), len(out))
         if d:
-            self._bucket = bucket(L)
+            self._bucket, self._proposed = bucket(L), out[:d]
         return out[:d]
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         b = self._bucket
-        if b is not None and drafts:
+        if b is not None and list(drafts) == self._proposed:  # (its own, not discarded or another's)
             _record(self.first[b], kept=float(n_accepted > 0), failed=n_accepted == 0)
             if n_accepted and len(drafts) > 1:
                 _record(self.later[b], kept=float(n_accepted - 1), failed=n_accepted < len(drafts))

@@ -215,18 +215,20 @@ class MtpDrafter(Drafter):
     def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:  # (each kind's own)
         raise NotImplementedError
 
-    def restart(self, pos: int, h: bool = True) -> None:
+    def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
         """Resume cold after skipped steps: the head's memory starts over at `pos`, its first draft row
-        paired with the target's h row of pos-1 (the target's last decode: one plain token), or none."""
+        paired with the target's h row of pos-1 (row `row` of its last decode, which a lookup may have
+        drafted), or none."""
         lx.memory_clear(self.ctx, data=False)
         self.rows.batch.clear()
         self.rows.n_extra = 0
-        self._last_h(h)
+        self._last_h(h, row)
 
-    def _last_h(self, h: bool) -> None:
-        """pending_h: the h row of the target's last decode (one token), or zeros when it computed none."""
+    def _last_h(self, h: bool, row: int = 0) -> None:
+        """pending_h: h row `row` of the target's last decode, or zeros when it computed none."""
         if h:
-            np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, 1, copy=False, n_embd=self.E)[0])
+            rows = lx.get_embeddings_nextn(self.tgt, row + 1, copy=False, n_embd=self.E)
+            np.copyto(self.pending_h, rows[row])
         else:
             self.pending_h[:] = 0.0
 
@@ -312,9 +314,9 @@ class ChainedHeads(MtpDrafter):
         lx.set_nextn_layer_offset(self.ctx, 0)  # in case a previous generation was interrupted mid-chain
         super().begin(prompt)
 
-    def restart(self, pos: int, h: bool = True) -> None:
+    def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
         lx.set_nextn_layer_offset(self.ctx, 0)
-        super().restart(pos, h)
+        super().restart(pos, h, row)
 
     def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         self.catch_up()
@@ -365,9 +367,9 @@ class SharedAssistant(MtpDrafter):
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, len(tokens), copy=False, n_embd=self.E)[-1])
 
-    def restart(self, pos: int, h: bool = True) -> None:
+    def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
         self.rows.batch.clear()
-        self._last_h(h)
+        self._last_h(h, row)
 
     def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
         """Nothing: its memory is the target's, which the loop rolled back."""

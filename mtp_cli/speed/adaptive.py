@@ -140,7 +140,8 @@ class AdaptiveController(DraftPolicy):
             return
         self._active = False
         total = self._base + done
-        steps = max(0, total - self._w0)
+        steps = max(0, total - self._w0 - self._f_steps)  # (its own, as _observe counts them)
+        self._f_steps, self._f_time = 0, 0.0
         self.steps_at[self.n if not self.shadow else 0] += steps
         self._since += steps
         self.steps += steps

@@ -153,6 +153,8 @@ class AutoDraft:
                     replace(cfg, spec_type="none", draft_mode="fixed", draft_n_max=1), None, "profile", said, prof
                 )
             left = drafters.chain_of(rest)
+            if not all(m.self_sized for m in rest):  # (an ngram left: its N is adaptive's to find)
+                return self.resolve(replace(cfg, spec_type=left.name, draft_mode="adaptive"))
             return Resolved(
                 replace(cfg, spec_type=left.name, draft_mode="fixed", draft_n_max=max(cap, 1)),
                 None,
