@@ -185,6 +185,34 @@ def test_off_and_fewer_drafts_win_unless_beaten_by_more_than_the_noise():
     assert T(off)._pick([off, n1, n3]) is n1
     clear = cand("mtp N=3", "mtp", 3, [170.0, 171.0, 172.0], 0.5)
     assert T(off)._pick([off, n1, clear]) is clear
+    lookup = cand("lookup", "lookup", 0, [150.0, 151.0, 152.0], 0.8)  # (as fast as the head: no head decodes)
+    assert T(off)._pick([off, n1, lookup]) is lookup
+    chain = cand("lookup,mtp N=1", "lookup,mtp", 1, [149.0, 150.0, 151.0], 0.6)  # (the head, and copies too)
+    assert T(off)._pick([off, n1, chain]) is chain
+
+
+def test_tune_measures_the_lookup_and_the_chain_and_a_profile_holds_them(models, config_dir):
+    """The lookup alone and chained before the head at the best-predicted N are measured beside the
+    head; a profile of the chain gives the head its N beside the lookup, one of the lookup alone
+    turns the head off and leaves the lookup."""
+    from mtp_cli.speed.auto import LOOKUP_N_MAX
+    from mtp_cli.speed.tune import tune
+
+    path = models(head_noise=1.0)["full"]
+    res = tune(path, budget=4.0, n_threads=THREADS, n_max=3, save=False)
+    by = {c.name: c for c in res.candidates}
+    assert "lookup" in by and any(n.startswith("lookup,mtp N=") for n in by), list(by)
+    assert by["lookup"].rung >= 0 or by["lookup"].status == "pruned"
+    with Runtime(path, spec_type="mtp") as rt:
+        auto = AutoDraft(rt, config_dir)
+        key = auto.profile_key(greedy(spec_type="mtp"))
+        for spec, n, want in (("lookup,mtp", 2, ("lookup,mtp", 2)), ("lookup", 1, ("lookup", None))):
+            prof = profiles.Profile(key, {}, None, {}, spec, n, 0.0, 100.0, 1.2)
+            assert prof.setting == ("lookup" if spec == "lookup" else f"{spec} N={n}")
+            profiles.save(prof, config_dir)
+            r = auto.resolve(greedy(spec_type="lookup,mtp", draft_mode="auto"))
+            assert r.mode == "profile" and r.config.draft_n_max == LOOKUP_N_MAX, r
+            assert (r.config.spec_type, r.policy.n_max if r.policy else None) == want, r
 
 
 def test_a_profile_with_the_head_off_leaves_the_rest_of_the_chain(models, config_dir):

@@ -137,7 +137,8 @@ class AutoDraft:
 
     def _from_profile(self, cfg: GenConfig, cls: type[Drafter], cap: int) -> Optional[Resolved]:
         """The tuned profile's setting of the head: N (and p-min) for it, or the chain without it
-        (none, for the head alone) where tuned off; self-sized members keep their own cap."""
+        (none, for the head alone) where tuned off (a profile of "off" or of the lookup alone); the
+        lookup stays as cfg asks (it sizes its own drafts, up to its cap)."""
         head = next((m for m in members(cls) if m.target_h), None)
         prof = profiles.find(self.profile_key(cfg), self.config_dir) if head is not None else None
         if prof is None:
@@ -146,7 +147,7 @@ class AutoDraft:
             f"tuned profile: {prof.setting} ({prof.ratio_vs_none:.2f}x plain decoding when tuned"
             f"{', ' + prof.created[:10] if prof.created else ''})"
         )
-        if not drafters.drafting(prof.spec_type):
+        if not any(m.target_h for m in members(drafters.get(prof.spec_type))):
             rest = [m for m in members(cls) if m is not head]
             if not rest:
                 return Resolved(

@@ -148,7 +148,7 @@ class Profile:
     model: dict[str, Any]
     draft: Optional[dict[str, Any]]
     machine: dict[str, Any]
-    spec_type: str  # "mtp" or "none" (drafting off)
+    spec_type: str  # "mtp", "lookup,mtp" (the head beside the lookup), "lookup" or "none": the head off
     draft_n_max: int
     draft_p_min: float
     tokens_per_second: float

@@ -66,10 +66,16 @@ def warm_up(rt: Runtime, toks: Sequence[list[int]], base: GenConfig) -> float:
 
 
 def setting_name(spec_type: str, n: int = 0, p_min: float = 0.0) -> str:
-    """ "off", "ngram N=3", "mtp N=3", "mtp N=3 p>=0.5": how a setting is named everywhere."""
-    if n == 0 or not drafters.drafting(spec_type):
+    """ "off", "ngram N=3", "mtp N=3", "mtp N=3 p>=0.5", "lookup" (it sizes its own drafts), "lookup,mtp
+    N=3": how a setting is named everywhere."""
+    cls = drafters.get(spec_type)
+    if not cls.drafts:
         return "off"
-    return f"{spec_type} N={n}" + (f" p>={p_min:g}" if p_min > 0 else "")
+    if all(m.self_sized for m in drafters.members(cls)):
+        return cls.name
+    if n == 0:
+        return "off"
+    return f"{cls.name} N={n}" + (f" p>={p_min:g}" if p_min > 0 else "")
 
 
 def spread(runs: Sequence[float]) -> float:

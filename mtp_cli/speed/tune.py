@@ -1,8 +1,9 @@
 """`mtp-cli tune`: find the fastest draft setting for a model on this machine, within a time budget,
 and remember it as a profile (mtp_cli.speed.profiles) that the `auto` draft length uses.
 
-Candidates: plain decoding ("off") and MTP at N = 1..n_max, each also with a couple of
-draft_p_min values. All greedy, same prompts. The search:
+Candidates: plain decoding ("off"), MTP at N = 1..n_max, each also with a couple of draft_p_min
+values, the text lookup alone (it sizes its own drafts) and the lookup chained before the head at
+the two best-predicted N (what the default drafting runs). All greedy, same prompts. The search:
 
 1. the cost model (mtp_cli.speed.probe): T, v(N), c measured with llama_decode directly;
 2. a screening pass: plain decoding, and MTP at N = n_max, whose acceptance-by-position curve
@@ -17,7 +18,8 @@ draft_p_min values. All greedy, same prompts. The search:
    two), before it is shortened.
    Plain decoding runs in every rung: it is the baseline every ratio is measured against.
 
-The winner is the best median in the last completed rung (it may be "off"). No click, no rich:
+The winner is the best median in the last completed rung (it may be "off"): the profile holds the
+head's setting (its N, or off) and whether it was measured beside the lookup. No click, no rich:
 progress goes to a callback as TuneEvents.
 """
 
@@ -32,10 +34,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from mtp_cli import drafters
 from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import MeasureError, TuneError
+from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
+from mtp_cli.speed.auto import LOOKUP_N_MAX, LOOKUP_N_MAX_RECURRENT
 from mtp_cli.speed.costs import CostModel, add_overheads
 from mtp_cli.speed.probe import measure_costs
 from mtp_cli.speed.runs import (
@@ -63,9 +68,9 @@ MIN_NOISE = 0.01
 
 @dataclass
 class Candidate:
-    name: str  # "off", "mtp N=3", "mtp N=3 p>=0.5"
-    spec_type: str  # "none" or "mtp"
-    n: int  # 0 for off
+    name: str  # "off", "lookup", "mtp N=3", "mtp N=3 p>=0.5", "lookup,mtp N=3"
+    spec_type: str  # "none", "mtp", "lookup" or "lookup,mtp"
+    n: int  # the head's N; 0 for off and the lookup alone
     p_min: float = 0.0
     predicted: Optional[float] = None  # predicted speed ratio vs plain decoding (p_min = 0 only)
     status: str = "pending"  # pending | measuring | kept | dropped | pruned | best | baseline
@@ -82,13 +87,25 @@ class Candidate:
     def record(self, rung: int, runs: Sequence[float], stats: GenStats) -> None:
         """What rung `rung` measured for it."""
         self.runs, self.rung = list(runs), rung
-        self.acceptance = stats.acceptance if self.spec_type == "mtp" else None
-        self.tokens_per_pass = stats.tokens_per_pass if self.spec_type == "mtp" else None
+        drafting = drafters.drafting(self.spec_type)
+        self.acceptance = stats.acceptance if drafting else None
+        self.tokens_per_pass = stats.tokens_per_pass if drafting else None
 
-    def config(self, base: GenConfig) -> GenConfig:
-        if self.spec_type == "none":
+    @property
+    def lookup(self) -> bool:
+        """Whether the text lookup drafts in it (alone, or before the head)."""
+        return "lookup" in self.spec_type.split(",")
+
+    def config(self, base: GenConfig, lookup_cap: int = LOOKUP_N_MAX) -> GenConfig:
+        """Its generation settings: a lookup drafts up to its cap, the head up to N (its policy's)."""
+        if not drafters.drafting(self.spec_type):
             return replace(base, spec_type="none")
-        return replace(base, spec_type="mtp", draft_n_max=self.n, draft_p_min=self.p_min)
+        n = max(self.n, lookup_cap) if self.lookup else self.n
+        return replace(base, spec_type=self.spec_type, draft_n_max=n, draft_p_min=self.p_min)
+
+    def policy(self) -> Optional[DraftPolicy]:
+        """The head's N beside a lookup that drafts longer (as `auto` runs a profile's chain)."""
+        return DraftPolicy(self.n) if self.lookup and self.n else None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -185,6 +202,14 @@ def tune(
     return tuner.res
 
 
+CHAIN = drafters.get("lookup,mtp").name  # the default drafting's chain
+
+
+def _setting(c: Candidate, base: GenConfig, cap: int) -> Setting:
+    policy = c.policy()
+    return Setting(c.name, c.config(base, cap), (lambda: policy) if policy is not None else None)
+
+
 class _Tuner:
     """The stages of one tune, sharing the runtime, the prompts and the result they fill."""
 
@@ -258,6 +283,9 @@ class _Tuner:
                 self.res.candidates += [
                     Candidate(setting_name("mtp", n, p), "mtp", n, float(p), None, "pending") for p in p_mins if p > 0
                 ]
+        lookups = [Candidate("lookup", "lookup", 0, 0.0, None, "pending")]
+        lookups += [Candidate(setting_name(CHAIN, n), CHAIN, n, 0.0, preds[n], "pending") for n in top2]
+        self.res.candidates += lookups
         self.emit("screen", f"predicted best: {setting_name('mtp', top2[0])} at {preds[top2[0]]:.2f}x plain")
         return s_plain, s_top
 
@@ -267,7 +295,7 @@ class _Tuner:
         """3. Successive halving; (plain decoding's stats, MTP's by N) from the longest runs of each."""
         plain, by_n = screened[0], {cm.n_max: screened[1]}
         alive = [c for c in self.res.candidates if c.status in ("pending", "baseline")]
-        sec_per_tok = {c.name: t_tok / (c.predicted or 0.8) for c in alive}
+        sec_per_tok = {c.name: t_tok / (c.predicted or (1.0 if c.spec_type == "lookup" else 0.8)) for c in alive}
         sec_per_tok["off"] = cm.t_ms / 1e3 * cm.plain_cost
         rung, tokens, n_rep = 0, RUNG0_TOKENS, max(1, repeats)
         wall_factor = 1.3  # rung wall time / generation time (prompts, contexts...), measured after each rung
@@ -288,7 +316,7 @@ class _Tuner:
                 r = out[c.name]
                 if c.spec_type == "none":
                     plain = r.stats
-                elif c.p_min == 0.0:
+                elif c.p_min == 0.0 and c.spec_type == "mtp":
                     by_n[c.n] = r.stats
                 c.record(rung, r.runs, r.stats)
                 sec_per_tok[c.name] = 1.0 / max(r.tokens_per_second, 1e-9)
@@ -305,7 +333,7 @@ class _Tuner:
         rest = [c for c in alive if c is not self.off]
         if len(rest) <= 2:
             return False
-        worst = min(rest, key=lambda c: (c.p_min == 0.0, c.predicted or 0.0, -c.n))
+        worst = min(rest, key=lambda c: (c.p_min == 0.0, c.spec_type == "lookup", c.predicted or 0.0, -c.n))
         worst.status = "pruned"
         alive.remove(worst)
         return True
@@ -313,7 +341,8 @@ class _Tuner:
     def _rung(self, alive: list[Candidate], rung: int, tokens: int, n_rep: int, wall_factor: float):
         """One rung: every live setting n_rep times, interleaved; the results and the new wall factor."""
         jobs, npred = _jobs(self.toks, tokens, start=rung)
-        settings = [Setting(c.name, c.config(replace(self.base, n_predict=npred))) for c in alive]
+        cap = LOOKUP_N_MAX_RECURRENT if self.rt.recurrent else LOOKUP_N_MAX
+        settings = [_setting(c, replace(self.base, n_predict=npred), cap) for c in alive]
         for c in alive:
             if c.status != "baseline":
                 c.status = "measuring"
@@ -347,15 +376,18 @@ class _Tuner:
         return survivors
 
     def _pick(self, last: list[Candidate]) -> Candidate:
-        """The fastest of the last rung, except that off, then fewer drafts, wins over anything not
-        faster by more than the repeats' spread; a setting that never kept a draft never wins."""
+        """The fastest of the last rung, except that off, then the lookup alone, then fewer drafts (the
+        lookup beside them before the head alone), wins over anything not faster by more than the
+        repeats' spread; a setting that never kept a draft never wins."""
         if not (self.off.tokens_per_second or 0.0) > 0:
             raise MeasureError("could not measure plain decoding (no tokens after the prompt pass); nothing saved")
         useful = [c for c in last if c.spec_type == "none" or (c.acceptance or 0.0) > 0]
         top = max(c.tokens_per_second or 0.0 for c in useful)
         noise = max(MIN_NOISE, statistics.median([spread(c.runs) for c in useful]))
         near = [c for c in useful if (c.tokens_per_second or 0.0) >= top * (1 - noise)]
-        return min(near, key=lambda c: (c.spec_type != "none", c.n, c.p_min, -(c.tokens_per_second or 0.0)))
+        return min(
+            near, key=lambda c: (c.spec_type != "none", c.n, c.p_min, not c.lookup, -(c.tokens_per_second or 0.0))
+        )
 
     def choose(
         self, cm: CostModel, plain: GenStats, by_n: dict[int, GenStats], save: bool, config_dir: Optional[Path]
