@@ -3,7 +3,7 @@ own) that delays every packet (0, 1, 5 ms each way), one or two servers, the mod
 local (-ngld 0: loaded as a sidecar of its own on this machine), against plain decoding, in one run.
 
     python benchmarks/rpc_bench.py [-m MODEL.gguf] [--delays 0 1 5] [--servers 1 2] [-N 1 2 3]
-                                   [-n 32] [--repeats 5] [--prompts 2] [--tune-budget 60]
+                                   [-n 32] [--repeats 5] [--prompts 2] [--tune-budget 60] [--heads local]
 
 Default model: the demo (SmolLM2-135M-Instruct adopted, with its trained head). The servers are built
 from the pinned sdist's vendored llama.cpp (once, cached). Every proxy is registered once (ggml keeps
@@ -166,6 +166,8 @@ def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str
     out = {k: {"tps": r.stats.tokens_per_second, "ratio": r.stats.tokens_per_second / none} for k, r in res.items()}
     out["auto"]["tuned"] = tuned.best.name if tuned.best else None
     out["adaptive"]["now"] = ctl.describe()
+    out["adaptive"]["runs"] = [round(x / none, 3) for x in res["adaptive"].runs]  # (learning, repeat by repeat)
+    out["adaptive"]["changes"] = ctl.changes
     return out
 
 
@@ -178,6 +180,7 @@ def main() -> None:
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--heads", nargs="+", choices=["remote", "local"], default=["remote", "local"])
     ap.add_argument("--tune-budget", type=float, default=60.0, help="seconds of `tune` per row (its default)")
     ap.add_argument("--json", type=Path, default=Path("rpc_bench.json"))
     ap.add_argument("--proxies", help=argparse.SUPPRESS)  # (the proxies' own process)
@@ -205,13 +208,15 @@ def main() -> None:
         rows = []
         for n_servers in args.servers:
             for d in args.delays:
-                for head_local in (False, True):
+                for head_local in [h == "local" for h in args.heads]:
                     devs = [names[d, i] for i in range(n_servers)]
                     r = run_row(args.model, devs, head_local, PROMPTS[: args.prompts], args)
                     rows.append({"servers": n_servers, "delay_ms": d, "head": "local" if head_local else "remote", **r})
                     cells = "  ".join(f"{k} {v['tps']:6.1f} ({v['ratio']:.2f}x)" for k, v in r.items())
                     print(f"{n_servers} server(s), +{d:g} ms, head {rows[-1]['head']:6}: {cells}", flush=True)
                     print(f"    tune chose {r['auto']['tuned']}; {r['adaptive']['now']}", flush=True)
+                    ad = r["adaptive"]
+                    print(f"    adaptive by repeat {ad['runs']} (x plain's median); best N changes {ad['changes']}")
     finally:
         for proc, _ in servers:
             proc.terminate()

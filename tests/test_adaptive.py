@@ -124,18 +124,23 @@ def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step)
     and an off drafter kept in step pays the h rows' round trip (1.33x): measured, it sleeps, and
     plain decoding's cost is the asleep one's. Where staying in step is ~free it stays in step."""
 
+    slept = [0]
+
     def cost(n: int, asleep: bool, shadow: bool) -> float:
-        if shadow or n:
+        if shadow:  # a plain step in step (its h rows), and one decode of the head on this side of the link
+            return 0.02 * (in_step + 0.2)
+        if n:
             return 0.02 * (2.3 + 0.3 * n)
+        slept[0] += asleep
         return 0.02 * (1.0 if asleep else in_step)
 
     ctl = AdaptiveController(8)
     per = simulate_timed(ctl, 0.7, 3000, cost, monkeypatch)
     assert ctl.best == 0 and ctl.n_shadow + ctl.n_probes >= 2
-    if in_step > 1.03:
-        assert ctl.sleep and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02  # ~plain decoding, asleep
+    if in_step > 1.03:  # ~plain decoding, asleep (but for the probes' warm-ups)
+        assert slept[0] > 0.9 * 3000 and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02
     else:
-        assert per < 0.02 * 1.03
+        assert per < 0.02 * (in_step + 0.025)  # (plain steps in step, and the probes a good head earns)
 
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])

@@ -12,9 +12,9 @@ to GAP_MAX while probes change nothing) and, after a probe that changed nothing,
 extra cost is PROBE_BUDGET (0.5%) of the steps since (unless it came within CLOSE_CALL of the best).
 A probe runs the N with the highest optimistic throughput if that beats the best; PROBE_STEPS
 steps, the first untimed (graph rebuilds, catch-up). While drafting is off and the head's
-first-token hit rate is below SHADOW_RATE (or unknown), a probe is a shadow step instead: the head
-drafts one token, the target decodes one token as usual, and only the two are compared, which is
-acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
+first-token hit rate is below SHADOW_RATE (or unknown), a probe is SHADOW_STEPS shadow steps instead:
+the head drafts one token, the target decodes one token as usual, and only the two are compared,
+which is acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
 machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
 found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
 step: a head restarted cold has no history to attend over and judges itself low.
@@ -51,6 +51,8 @@ SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below thi
 PROBE_MARGIN = 1.02
 CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budget wait
 PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
+SHADOW_STEPS = 4  # a shadow probe's steps (over RPC one early miss kept an 86% head off for 60 steps)
+HIT_DOUBT = 1.0  # one miss more than seen, where a hit rate decides: one hit in a shadow probe's 4 is no useful head
 # an asleep head follows this many plain steps before a probe (cold, the demo's first draft hit 17%; 54% after 8)
 WARM_STEPS = 8
 SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
@@ -250,7 +252,7 @@ class AdaptiveController(DraftPolicy):
             self._wait = 0.0
         if self._probing:
             self._probing = 0
-            if self.shadow and (self.ev.hit_rate() or 0.0) >= SHADOW_RATE:
+            if self.shadow and (self.ev.hit_rate(HIT_DOUBT) or 0.0) >= SHADOW_RATE:
                 # the head looks useful: a real probe next, while it is in step
                 self._since, self._wait = self._gap, 0.0
             elif best == old:  # nothing changed: probe less often
@@ -280,13 +282,14 @@ class AdaptiveController(DraftPolicy):
         self._probing = 1
         self._since = 0
         self.n = probe
-        hit = self.ev.hit_rate()
+        hit = self.ev.hit_rate(HIT_DOUBT)
         if probe and self.best == 0 and (hit is None or hit < SHADOW_RATE):
             self.shadow = True
             self.n = 1
             self.n_shadow += 1
-        else:
-            self.n_probes += 1
+            self._climbed = max(self._climbed, 1)
+            return SHADOW_STEPS
+        self.n_probes += 1
         self._climbed = max(self._climbed, self.n)
         return 1
 
@@ -310,7 +313,7 @@ class AdaptiveController(DraftPolicy):
         c0 = self.ev.cost(0)
         if c0 is None or c0 < SLEEP_BELOW:
             return True
-        hit = self.ev.hit_rate()
+        hit = self.ev.hit_rate(HIT_DOUBT)
         return hit is None or hit < SHADOW_RATE or self._in_step_costly()
 
     @property
@@ -332,8 +335,8 @@ class AdaptiveController(DraftPolicy):
         return in_step is not None and asleep is not None and in_step > IN_STEP_MAX * asleep
 
     def _probe_wait(self, n: int, per: float) -> float:
-        """Steps before the next probe so that probes cost at most PROBE_BUDGET of the time: this
-        probe's extra cost over a step at the best N, in steps, divided by the budget."""
+        """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time a
+        probe step lost against the best N for the tokens it gave (over RPC N = 2 costs 2 steps, gives 2.4)."""
         base = self.ev.cost(self.best)
         if not base:
             return 0.0
@@ -343,7 +346,9 @@ class AdaptiveController(DraftPolicy):
             return 0.0  # (fixed costs say nothing about a shadow step)
         else:
             c = self.ev.costs[n]  # type: ignore[index]  # measure=False comes with costs
-        return max(0.0, c / base - 1.0) / PROBE_BUDGET
+        acc = self.ev.acceptance()
+        gives = 1.0 if self.shadow else 1.0 + sum(acc[:n])
+        return max(0.0, c / base - gives / (1.0 + sum(acc[: self.best]))) / PROBE_BUDGET
 
     def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
         """The N with the highest optimistic throughput, if that beats the best's estimate (an

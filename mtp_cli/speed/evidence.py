@@ -8,12 +8,14 @@
 - E(N) = 1 + sum_{i<N} acc[i] tokens per step; throughput(N) = E(N) / cost[N].
 
 Optimistic estimates, for probing: acceptance upper bounds (A+1)/(D+1), which grow back as evidence
-decays (continued geometrically past positions without evidence), and for an unmeasured N a cost
-extrapolated at half the measured slope (or shaped by given relative costs).
+decays (continued geometrically past positions without evidence); for an unmeasured N a cost
+extrapolated at half the measured slope (or shaped by given relative costs), for a measured one its
+cost less COST_DOUBT / sqrt(steps measured).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Optional
 
@@ -22,6 +24,9 @@ GAMMA_COST = 0.998  # per step: cost evidence halves in ~350 steps
 MIN_WEIGHT = 0.5  # cost evidence (decayed steps) below which a setting counts as unmeasured
 PRIOR_WEIGHT = 0.5  # pseudo-observations behind the acceptance point estimates
 SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the measured slope
+# a cost measured over C steps may read up to COST_DOUBT / sqrt(C) too dear (over RPC, 2 servers: one
+# probe's 3 timed steps at N = 1 and 2 read them dear and kept drafting off for 300 steps; 1.17-1.23x)
+COST_DOUBT = 0.3
 
 
 class Evidence:
@@ -77,9 +82,10 @@ class Evidence:
 
     # -- estimates ---------------------------------------------------------------------------------
 
-    def hit_rate(self) -> Optional[float]:
-        """The head's first-draft acceptance so far (None before any evidence)."""
-        return self.A[0] / self.D[0] if self.D[0] > 0.0 else None
+    def hit_rate(self, doubt: float = 0.0) -> Optional[float]:
+        """The head's first-draft acceptance so far (None before any evidence); `doubt`: misses
+        added to what was seen (a decision on a few drafts)."""
+        return self.A[0] / (self.D[0] + doubt) if self.D[0] > 0.0 else None
 
     def cost(self, n: int) -> Optional[float]:
         """Measured seconds (or relative units, with measure=False) per step at N, or None."""
@@ -126,6 +132,8 @@ class Evidence:
 
     def cost_optimistic(self, n: int, measured: Sequence[Optional[float]]) -> float:
         c = measured[n]
+        if c is not None and self.measure:  # (a probe's few steps may have read it dear: another look)
+            return c * max(0.5, 1.0 - COST_DOUBT / math.sqrt(max(self.C[n], 1.0)))
         if c is not None:
             return c
         below = [(j, m) for j, m in enumerate(measured[:n]) if m is not None]

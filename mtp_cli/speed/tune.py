@@ -29,23 +29,21 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from mtp_cli import drafters
 from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import MeasureError, TuneError
-from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
 from mtp_cli.speed.auto import LOOKUP_N_MAX, LOOKUP_N_MAX_RECURRENT
+from mtp_cli.speed.candidates import CHAIN, Candidate, as_setting
 from mtp_cli.speed.costs import CostModel, add_overheads
 from mtp_cli.speed.probe import measure_costs
 from mtp_cli.speed.runs import (
     PROMPTS,
-    Setting,
     interleaved,
     prompt_tokens,
     run_setting,
@@ -64,53 +62,6 @@ PRUNE_BELOW = 0.8  # predicted ratio, relative to the best prediction (or 1.0)
 RUNG0_TOKENS = 64  # generated tokens per candidate and repeat in the first rung (doubling)
 CHUNK = 32  # tokens per prompt within a rung
 MIN_NOISE = 0.01
-
-
-@dataclass
-class Candidate:
-    name: str  # "off", "lookup", "mtp N=3", "mtp N=3 p>=0.5", "lookup,mtp N=3"
-    spec_type: str  # "none", "mtp", "lookup" or "lookup,mtp"
-    n: int  # the head's N; 0 for off and the lookup alone
-    p_min: float = 0.0
-    predicted: Optional[float] = None  # predicted speed ratio vs plain decoding (p_min = 0 only)
-    status: str = "pending"  # pending | measuring | kept | dropped | pruned | best | baseline
-    rung: int = -1  # last rung it was measured in
-    runs: list[float] = field(default_factory=list)  # tokens/s of each repeat in that rung
-    acceptance: Optional[float] = None
-    tokens_per_pass: Optional[float] = None
-    ratio: Optional[float] = None  # median vs plain decoding's median in the same rung
-
-    @property
-    def tokens_per_second(self) -> Optional[float]:
-        return statistics.median(self.runs) if self.runs else None
-
-    def record(self, rung: int, runs: Sequence[float], stats: GenStats) -> None:
-        """What rung `rung` measured for it."""
-        self.runs, self.rung = list(runs), rung
-        drafting = drafters.drafting(self.spec_type)
-        self.acceptance = stats.acceptance if drafting else None
-        self.tokens_per_pass = stats.tokens_per_pass if drafting else None
-
-    @property
-    def lookup(self) -> bool:
-        """Whether the text lookup drafts in it (alone, or before the head)."""
-        return "lookup" in self.spec_type.split(",")
-
-    def config(self, base: GenConfig, lookup_cap: int = LOOKUP_N_MAX) -> GenConfig:
-        """Its generation settings: a lookup drafts up to its cap, the head up to N (its policy's)."""
-        if not drafters.drafting(self.spec_type):
-            return replace(base, spec_type="none")
-        n = max(self.n, lookup_cap) if self.lookup else self.n
-        return replace(base, spec_type=self.spec_type, draft_n_max=n, draft_p_min=self.p_min)
-
-    def policy(self) -> Optional[DraftPolicy]:
-        """The head's N beside a lookup that drafts longer (as `auto` runs a profile's chain)."""
-        return DraftPolicy(self.n) if self.lookup and self.n else None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["predicted_ratio"] = d.pop("predicted")
-        return {**d, "tokens_per_second": self.tokens_per_second}
 
 
 @dataclass
@@ -200,14 +151,6 @@ def tune(
         tuner.choose(cm, plain, by_n, save, config_dir)
     tuner.emit("done", f"best: {tuner.res.best.name if tuner.res.best else '-'}")
     return tuner.res
-
-
-CHAIN = drafters.get("lookup,mtp").name  # the default drafting's chain
-
-
-def _setting(c: Candidate, base: GenConfig, cap: int) -> Setting:
-    policy = c.policy()
-    return Setting(c.name, c.config(base, cap), (lambda: policy) if policy is not None else None)
 
 
 class _Tuner:
@@ -342,7 +285,7 @@ class _Tuner:
         """One rung: every live setting n_rep times, interleaved; the results and the new wall factor."""
         jobs, npred = _jobs(self.toks, tokens, start=rung)
         cap = LOOKUP_N_MAX_RECURRENT if self.rt.recurrent else LOOKUP_N_MAX
-        settings = [_setting(c, replace(self.base, n_predict=npred), cap) for c in alive]
+        settings = [as_setting(c, replace(self.base, n_predict=npred), cap) for c in alive]
         for c in alive:
             if c.status != "baseline":
                 c.status = "measuring"
