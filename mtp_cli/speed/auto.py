@@ -31,6 +31,13 @@ DRAFT_N_MODES = ("auto", "adaptive")  # draft lengths chosen here instead of a n
 # promise against measured costs, so the cap only bounds the verify batch (and, on a recurrent
 # target, the rollback snapshots llama.cpp keeps: n_rs_seq = N)
 LOOKUP_N_MAX, LOOKUP_N_MAX_RECURRENT = 32, 16
+
+
+def lookup_cap(recurrent: bool) -> int:
+    """The most the lookup drafts in a step (a recurrent target keeps a rollback snapshot per draft)."""
+    return LOOKUP_N_MAX_RECURRENT if recurrent else LOOKUP_N_MAX
+
+
 NO_PROFILE_NOTE = (
     "no tuned profile for this model on this machine (run `mtp-cli tune -m MODEL`); "
     "choosing N adaptively while generating"
@@ -133,7 +140,7 @@ class AutoDraft:
         """The most a self-sized member (the lookup) may draft in a step here (0: it has none)."""
         if not any(m.self_sized for m in members(cls)):
             return 0
-        return LOOKUP_N_MAX_RECURRENT if self.rt.recurrent else LOOKUP_N_MAX
+        return lookup_cap(self.rt.recurrent)
 
     def _from_profile(self, cfg: GenConfig, cls: type[Drafter], cap: int) -> Optional[Resolved]:
         """The tuned profile's setting of the head: N (and p-min) for it, or the chain without it
@@ -168,4 +175,4 @@ class AutoDraft:
         return Resolved(out, DraftPolicy(n) if cap > n else None, "profile", said, prof)
 
 
-__all__ = ["AutoDraft", "Resolved", "NO_PROFILE_NOTE", "LOOKUP_N_MAX", "default_spec", "parse_draft_n"]
+__all__ = ["AutoDraft", "Resolved", "NO_PROFILE_NOTE", "LOOKUP_N_MAX", "lookup_cap", "default_spec", "parse_draft_n"]

@@ -38,7 +38,7 @@ from mtp_cli.config import GenConfig, Placement
 from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.auto import LOOKUP_N_MAX, LOOKUP_N_MAX_RECURRENT
+from mtp_cli.speed.auto import lookup_cap
 from mtp_cli.speed.candidates import CHAIN, Candidate, as_setting
 from mtp_cli.speed.costs import CostModel, add_overheads
 from mtp_cli.speed.probe import measure_costs
@@ -284,7 +284,7 @@ class _Tuner:
     def _rung(self, alive: list[Candidate], rung: int, tokens: int, n_rep: int, wall_factor: float):
         """One rung: every live setting n_rep times, interleaved; the results and the new wall factor."""
         jobs, npred = _jobs(self.toks, tokens, start=rung)
-        cap = LOOKUP_N_MAX_RECURRENT if self.rt.recurrent else LOOKUP_N_MAX
+        cap = lookup_cap(self.rt.recurrent)
         settings = [as_setting(c, replace(self.base, n_predict=npred), cap) for c in alive]
         for c in alive:
             if c.status != "baseline":
