@@ -15,8 +15,9 @@ from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.adaptive import AdaptiveController
+from mtp_cli.speed.adaptive import PROBE_BUDGET, AdaptiveController
 from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
+from mtp_cli.speed.evidence import COST_DOUBT, Evidence
 from tests.speedkit import FLAT, _profile, greedy, run_cli, tokens
 
 
@@ -141,6 +142,69 @@ def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step)
         assert slept[0] > 0.9 * 3000 and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02
     else:
         assert per < 0.02 * (in_step + 0.025)  # (plain steps in step, and the probes a good head earns)
+
+
+def scripted(ctl: AdaptiveController, hits: list[bool], alpha: float, steps: int) -> int | None:
+    """simulate() whose shadow steps first answer from `hits`; the first step drafting for real."""
+    rng, script = random.Random(0), iter(hits)
+    k = a = -1
+    first_on = None
+    ctl.begin(0.0)
+    for done in range(steps):
+        n = ctl.step(k, a, 0.0, done)
+        if ctl.shadow:
+            hit = next(script, None)
+            ctl.shadow_result(rng.random() < alpha if hit is None else hit)
+            k = a = 0
+            continue
+        if n and first_on is None:
+            first_on = done
+        k, a = n, 0
+        while a < k and rng.random() < alpha:
+            a += 1
+    ctl.end(steps)
+    return first_on
+
+
+def test_a_good_heads_first_shadow_miss_does_not_keep_it_off():
+    """A shadow probe is SHADOW_STEPS steps: an 86% head whose first shadow draft misses is probed
+    for real right after it (judged on one step, it waited for the next shadow probe, twice as far)."""
+    ctl = AdaptiveController(8, costs=FLAT, measure=False)
+    first_on = scripted(ctl, [False, True, True, True], 0.86, 200)
+    assert first_on is not None and first_on <= 20 + 4 and ctl.best >= 4, (first_on, ctl.describe())
+
+
+def test_one_shadow_hit_in_four_earns_no_real_probe():
+    """A shadow probe's hit rate is judged with one miss more than it saw (HIT_DOUBT): 1 of 4 is 0.2,
+    below SHADOW_RATE, where drafting would need more to pay: no real probe follows it."""
+    costs = [1.0] + [1.3 + 0.05 * n for n in range(1, 9)]
+    ctl = AdaptiveController(8, costs=costs, measure=False)
+    scripted(ctl, [True, False, False, False], 0.0, 60)
+    assert ctl.n_shadow >= 1 and ctl.n_probes == 0 and ctl.best == 0, ctl.describe()
+
+
+def test_a_cost_measured_over_few_steps_is_doubted_when_choosing_a_probe():
+    """Three timed steps may read a setting dear (a preempted step, a slow round trip): its optimistic
+    cost is COST_DOUBT / sqrt(steps) below the measured one; hundreds of steps are taken nearly as read."""
+    ev = Evidence(2, None, True)
+    ev.add_cost(0, 0.01, 200)
+    ev.add_cost(1, 0.03, 3)
+    measured = [ev.cost(0), ev.cost(1), None]
+    assert ev.cost_optimistic(1, measured) < 0.03 * (1 - COST_DOUBT / 2)
+    assert ev.cost_optimistic(0, measured) > 0.01 * (1 - COST_DOUBT / 10)
+
+
+def test_a_probes_wait_counts_the_tokens_it_gave():
+    """A probe costs what it lost against the best setting for the tokens it gave (over RPC N = 2 costs
+    2 plain steps and gives 2.4 tokens): one that kept pace asks no wait, one that lost waits in proportion."""
+    ctl = AdaptiveController(2)
+    ctl.ev.add_cost(0, 0.01, 200)  # plain decoding, the best
+    ctl.ev.fold([0, 0, 100, 0], [30, 21, 49, 0])  # N = 2 drafted 100 times: 70 / 49 first / both right
+    gives = 1.0 + sum(ctl.acceptance())
+    assert 2.1 < gives < 2.3
+    assert ctl._probe_wait(2, 0.01 * gives) < 1.0
+    dear = ctl._probe_wait(2, 0.03)
+    assert dear == pytest.approx((3.0 - gives) / PROBE_BUDGET, rel=0.01)
 
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
