@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mtp_cli import llama_ext as lx  # noqa: E402
-from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.config import GenConfig, LoadConfig  # noqa: E402
 from mtp_cli.prompts import read_prompts  # noqa: E402
 from mtp_cli.train.data import PROMPTS_DIR  # noqa: E402
 from mtp_cli.train.pipeline import measure_acceptance  # noqa: E402
@@ -54,7 +54,7 @@ def banned(model: Path, texts: list[str]) -> tuple[tuple[int, float], ...]:
     """A -inf bias on every token of each text (tokenized alone, no BOS)."""
     from mtp_cli.runtime import Runtime
 
-    with Runtime.load(model, GenConfig(n_ctx=64)) as rt:
+    with Runtime.load(model) as rt:
         ids = sorted({t for text in texts for t in rt.tokenize(text, add_special=False)})
     return tuple((t, float("-inf")) for t in ids)
 
@@ -144,13 +144,13 @@ class Server:
 
         base = GenConfig(
             spec_type="mtp",
-            draft_model=str(sidecar) if sidecar else None,
             draft_n_max=args.draft_n_max,
             n_ctx=N_CTX,
             n_threads=args.threads,
             temp=0.0,
         )
-        self.engine = Engine.load(model, base).start()
+        load = LoadConfig(spec_type="mtp", draft_model=str(sidecar) if sidecar else None)
+        self.engine = Engine.load(model, base, load=load).start()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)

@@ -45,7 +45,7 @@ def _keep(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 def contexts(model: Path, spec: str, draft: Path | None, n_ctx: int) -> list[dict[str, float]]:
     """MiB by buffer kind (KV, compute, output) of each context the runtime makes for this spec
     (the target's, then the drafter's), from the lines llama.cpp logs as it allocates them."""
-    with Runtime(model, spec_type=spec, draft_model=draft) as rt:
+    with Runtime.load(model, spec_type=spec, draft_model=draft) as rt:
         llama_cpp.llama_log_set(_keep, ctypes.c_void_p(0))  # (the runtime silenced llama.cpp)
         _LINES.clear()
         rt.contexts(GenConfig(spec_type=spec, n_ctx=n_ctx, n_batch=N_BATCH, n_threads=1, draft_n_max=3))

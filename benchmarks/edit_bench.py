@@ -82,9 +82,9 @@ SETTINGS: dict[str, Callable[[Runtime, GenConfig], Setting | None]] = {
 
 def load(model: Path) -> Runtime:
     try:
-        return Runtime(model, spec_type="mtp")
+        return Runtime.load(model, spec_type="mtp")
     except NoMtpHeadError:
-        return Runtime(model, spec_type="none")
+        return Runtime.load(model, spec_type="none")
 
 
 def main() -> None:

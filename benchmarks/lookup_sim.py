@@ -168,7 +168,7 @@ def main() -> None:
     edits = json.loads(EDIT_PROMPTS.read_text())["prompts"]
     free = read_prompts(EVAL_PROMPTS)[:: max(1, 60 // args.free)][: args.free]
     cfg = GenConfig(n_predict=args.n_predict, n_ctx=2048, n_threads=args.threads, temp=0.0, repeat_penalty=1.0)
-    with Runtime(args.model) as rt:
+    with Runtime.load(args.model) as rt:
         sets: dict[str, list[tuple[list[int], list[int]]]] = {}
         for name, texts in (("edit", [p["prompt"] for p in edits]), ("free", free)):
             toks = prompt_tokens(rt, texts, True)

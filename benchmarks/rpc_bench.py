@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from mtp_cli import llama_ext as lx  # noqa: E402
-from mtp_cli.config import GenConfig, Placement  # noqa: E402
+from mtp_cli.config import GenConfig, LoadConfig, Placement  # noqa: E402
 from mtp_cli.llama_ext.rpc import hello  # noqa: E402
 from mtp_cli.policy import DraftPolicy  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
@@ -137,17 +137,16 @@ class NeverDraft(DraftPolicy):
 
 def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str], args: argparse.Namespace) -> dict:
     placement = Placement(device=tuple(devices), n_gpu_layers_draft=0 if head_local else None)
-    base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024, n_gpu_layers=99)
+    base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=1, n_ctx=1024)
     with tempfile.TemporaryDirectory() as profiles_dir:
         tuned = tune(
             model,
+            LoadConfig(n_gpu_layers=99, placement=placement),
             n_threads=1,
-            n_gpu_layers=99,
-            placement=placement,
             budget=args.tune_budget,
             config_dir=Path(profiles_dir),
         )
-        with Runtime(model, spec_type="mtp", n_gpu_layers=99, placement=placement) as rt:
+        with Runtime.load(model, spec_type="mtp", n_gpu_layers=99, placement=placement) as rt:
             s = Session(rt)
             toks = [s.chat([{"role": "user", "content": p}]).tokens for p in prompts]
             mtp = replace(base, spec_type="mtp")

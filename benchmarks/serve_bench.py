@@ -83,7 +83,7 @@ def references(model: str, prompts: list[str], max_tokens: int, n_threads: int) 
 
     cfg = GenConfig(n_predict=max_tokens, temp=0.0, n_threads=n_threads, n_ctx=4096)
     out = []
-    with Runtime.load(model, cfg) as rt:
+    with Runtime.load(model) as rt:
         for p in prompts:
             text = chat_prompt(rt.file, p, *rt.special_texts())
             out.append("".join(ev.text for ev in rt.generate(rt.tokenize(text, parse_special=True), cfg)))

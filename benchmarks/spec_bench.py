@@ -142,7 +142,7 @@ def main() -> None:
         tr = tune(model, args.model_draft, prompts=texts, n_threads=args.threads, save=False)
         picked = tr.best
         print(f"tune: {tr.elapsed:.1f} s (budget {tr.budget:g} s), picked {picked.name}", flush=True)
-    with Runtime(model, spec_type="mtp", draft_model=args.model_draft) as rt:
+    with Runtime.load(model, spec_type="mtp", draft_model=args.model_draft) as rt:
         if args.chat:
             from mtp_cli.chat import chat_prompt
 

@@ -78,7 +78,7 @@ def main() -> None:
         args.model = demo_file()
     base = GenConfig(temp=0.0, n_predict=args.n_predict, n_threads=args.threads, n_ctx=2048)
     out: dict[str, dict] = {}
-    with Runtime(args.model, spec_type="mtp") as rt:
+    with Runtime.load(args.model, spec_type="mtp") as rt:
         for name, (toks, gbnf) in workloads(rt, PROMPTS[: args.prompts]).items():
             cfg = replace(base, grammar=gbnf)
             settings = [Setting("none", cfg)] + [

@@ -113,7 +113,7 @@ def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ns
     from mtp_cli.runtime import Runtime
 
     rows: dict[int, dict[str, list]] = {n: {"ours": [], "theirs": [], "same": [], "st_o": [], "st_t": []} for n in ns}
-    with Runtime(model, spec_type="mtp") as rt:
+    with Runtime.load(model, spec_type="mtp") as rt:
         bos, eos = rt.special_texts()
         rendered = [chat.chat_prompt(rt.file, t, bos, eos) for t in texts]
         toks = [rt.tokenize(t, add_special=True, parse_special=True) for t in rendered]

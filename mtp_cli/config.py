@@ -1,4 +1,5 @@
-"""GenConfig: everything one generation needs. Defaults follow llama.cpp's where it has one.
+"""LoadConfig: what loading a model reads; GenConfig: everything one generation needs. Defaults
+follow llama.cpp's where it has one.
 
 The spec type is checked, and its aliases resolved, by the drafter registry (mtp_cli.drafters),
 which also checks the settings only one drafter reads; `validated` checks the rest. How the draft
@@ -22,6 +23,7 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0"
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
 # how N is chosen: draft_n_max; the tuned profile (else adaptive); per step from measured acceptance
 DRAFT_MODES = ("fixed", "auto", "adaptive")
+MAX_PARALLEL = 64  # sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ is 256)
 MAX_LOGPROBS = 20  # alternatives reported per token (OpenAI's top_logprobs limit)
 
 
@@ -100,6 +102,28 @@ def parse_logit_bias(items: Sequence[str], name: str) -> tuple[tuple[int, float]
 
 
 @dataclass(frozen=True)
+class LoadConfig:
+    """What `Runtime.load` reads, once: the models a spec type drafts with, where their weights go,
+    how they are mapped, and how many sequences (slots) may run on the contexts at once. A
+    generation's settings (GenConfig) may change from one generation to the next; these may not."""
+
+    spec_type: str = "none"  # what is loaded for: this spec type's drafters (and every one needing nothing loaded)
+    draft_model: Optional[str] = None  # draft GGUF or MTP sidecar (-md)
+    n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
+    load_mode: str = "auto"  # how llama.cpp maps the weights (LOAD_MODES)
+    placement: Placement = Placement()  # where weights may go (--repack, -ot, -dev, --rpc, -ngld)
+    n_parallel: int = 1  # sequences the contexts hold (llama-server's -np slots)
+
+    def validated(self) -> LoadConfig:
+        """Self, if every value is in range (the spec type's name is the drafter registry's to check)."""
+        if self.load_mode not in LOAD_MODES:
+            raise ConfigError(f"`load_mode` must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
+        if not 1 <= self.n_parallel <= MAX_PARALLEL:
+            raise ConfigError(f"`n_parallel` must be in 1..{MAX_PARALLEL}, got {self.n_parallel}")
+        return self
+
+
+@dataclass(frozen=True)
 class GenConfig:
     n_predict: int = -1  # tokens to generate; -1 = until EOG or the context is full
     n_ctx: int = 4096  # 0 = the model's training context
@@ -109,11 +133,7 @@ class GenConfig:
     cache_type_k: str = "f16"  # KV cache cell types (KV_CACHE_TYPES)
     cache_type_v: str = "f16"
     n_threads: Optional[int] = None  # None = min(cpu count, 4)
-    n_gpu_layers: int = -1  # -1 = all (ignored by CPU builds)
-    load_mode: str = "auto"  # how llama.cpp maps the weights (LOAD_MODES); read by Runtime.load only
-    placement: Placement = Placement()  # where weights may go (--repack, -ot, -dev); read by Runtime.load only
-    spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters)
-    draft_model: Optional[str] = None  # draft GGUF or MTP sidecar; read by Runtime.load only
+    spec_type: str = "none"  # a drafter's spec name or alias (mtp_cli.drafters): what this generation runs
     draft_n_max: int = 3  # most tokens drafted per step
     draft_mode: str = "fixed"  # how N is chosen (DRAFT_MODES); auto/adaptive: resolved by mtp_cli.speed.auto
     draft_n_min: int = 0  # drafts shorter than this are discarded
@@ -158,8 +178,6 @@ class GenConfig:
         if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn is False:
             # llama.cpp refuses the context: V is read transposed without flash attention
             raise ConfigError(f"a quantized `cache_type_v` ({self.cache_type_v}) needs `flash_attn` (on or auto)")
-        if self.load_mode not in LOAD_MODES:
-            raise ConfigError(f"`load_mode` must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
             raise ConfigError(f"`repeat_penalty` must be above 0, got {self.repeat_penalty}")
         _at_least(self.repeat_last_n, 0, "repeat_last_n")
@@ -206,6 +224,7 @@ def _in_unit(value: float, name: str) -> None:
 
 __all__ = [
     "GenConfig",
+    "LoadConfig",
     "Placement",
     "parse_devices",
     "parse_overrides",
@@ -215,4 +234,5 @@ __all__ = [
     "DRAFT_MODES",
     "KV_CACHE_TYPES",
     "LOAD_MODES",
+    "MAX_PARALLEL",
 ]

@@ -1,7 +1,7 @@
 """The speculative runtime: load a model (and what its drafter drafts with) once, then `generate()` tokens.
 
-    rt = Runtime.load("model.gguf", GenConfig(spec_type="mtp", draft_n_max=3))
-    for ev in rt.generate(rt.tokenize("Hello"), GenConfig(spec_type="mtp", n_predict=64)):
+    rt = Runtime.load("model.gguf", LoadConfig(spec_type="mtp"))  # (or Runtime.load(path, spec_type="mtp"))
+    for ev in rt.generate(rt.tokenize("Hello"), GenConfig(spec_type="mtp", draft_n_max=3, n_predict=64)):
         print(ev.text, end="")
     print(rt.stats.tokens_per_second, rt.stats.acceptance)
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile, open_gguf
@@ -29,7 +29,7 @@ from gguf_tools.loadable.kv_cache import kv_cache_problem
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
-from mtp_cli.config import GenConfig, Placement
+from mtp_cli.config import GenConfig, LoadConfig, Placement
 from mtp_cli.contexts import Contexts, ContextSettings
 from mtp_cli.drafters import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
@@ -60,27 +60,13 @@ class Runtime:
     on first use and kept while the context settings (n_ctx, n_batch, threads, and N on recurrent
     targets) stay the same; one drafter per spec type is kept on the target context."""
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        spec_type: str = "none",
-        draft_model: Optional[str | os.PathLike[str]] = None,
-        n_gpu_layers: int = -1,
-        load_mode: str = "auto",
-        placement: Placement = Placement(),
-        quiet: bool = True,
-    ):
-        spec = drafters.get(spec_type)
-        if quiet:
-            lx.quiet_logs()
-        cpu_check.ensure(placement.repack)  # before the first load: weights never go where llama.cpp crashes
-        lx.add_rpc_servers(placement.rpc)  # (their devices are ggml's from here on, as llama.cpp's --rpc)
-        self.placement = placement
+    def __init__(self, model_path: str | os.PathLike[str], config: LoadConfig):
+        """(Use `Runtime.load`: it checks the config and the machine first.)"""
+        spec = drafters.get(config.spec_type)
+        self.config = config
         self.model_path = Path(model_path)
-        self.draft_path = Path(draft_model) if draft_model else None
+        self.draft_path = Path(config.draft_model) if config.draft_model else None
         self.spec = spec  # the drafter class it was loaded for
-        self.n_gpu_layers, self.load_mode = n_gpu_layers, load_mode
         self._owned: list[lx.Model] = []
         self._ctx: Optional[Contexts] = None
         self.stats: Optional[GenStats] = None
@@ -94,7 +80,7 @@ class Runtime:
             raise ModelFileError(
                 f"{self.model_path.name} is an MTP-only sidecar: give it as `draft_model` and the trunk as the model"
             )
-        if self.draft_path is None and self._head_apart(spec, n_gpu_layers):
+        if self.draft_path is None and self._head_apart(spec, config.n_gpu_layers):
             self.draft_path = head_sidecar(self.file)  # (its own model: its own -ngld)
         self.draft_file = open_model_file(self.draft_path, "draft model") if self.draft_path else None
         spec.check_files(self.file, self.draft_file)
@@ -110,34 +96,45 @@ class Runtime:
         self._pieces = lx.PieceDecoder(target)
 
     @classmethod
-    def load(cls, model_path: str | os.PathLike[str], config: GenConfig, *, quiet: bool = True) -> Runtime:
-        """Load what `config` needs (its spec type, its draft model)."""
-        cfg = drafters.validated(config)
-        return cls(
-            model_path,
-            spec_type=cfg.spec_type,
-            draft_model=cfg.draft_model,
-            n_gpu_layers=cfg.n_gpu_layers,
-            load_mode=cfg.load_mode,
-            placement=cfg.placement,
-            quiet=quiet,
-        )
+    def load(
+        cls,
+        model_path: str | os.PathLike[str],
+        config: Optional[LoadConfig] = None,
+        *,
+        quiet: bool = True,
+        **fields: Any,
+    ) -> Runtime:
+        """The one way to load a model: `config` (or LoadConfig's `fields`, or both: the fields
+        replace the config's) checked, the CPU checked before any weight goes where llama.cpp would
+        crash, RPC servers registered, then the model and what its spec type drafts with."""
+        cfg = replace(config or LoadConfig(), **fields).validated()
+        drafters.get(cfg.spec_type)  # (an unknown spec type is a ConfigError before anything loads)
+        if quiet:
+            lx.quiet_logs()
+        cpu_check.ensure(cfg.placement.repack)
+        lx.add_rpc_servers(cfg.placement.rpc)  # (their devices are ggml's from here on, as llama.cpp's --rpc)
+        return cls(model_path, cfg)
+
+    @property
+    def placement(self) -> Placement:
+        return self.config.placement
 
     def _head_apart(self, spec: type[Drafter], n_gpu_layers: int) -> bool:
         """Whether the model's own head is to be placed apart from its trunk (-ngld unlike -ngl)."""
-        ngld = self.placement.n_gpu_layers_draft
+        ngld = self.config.placement.n_gpu_layers_draft
         own_head = spec.draft_file == "optional" and spec.target_loads_head(None)
         return own_head and ngld is not None and ngld != n_gpu_layers and self.file.layout().nextn_layers > 0
 
     def _load(self, gf: GGUFFile, role: str, load_mtp: bool) -> lx.Model:
         try:
             t0 = time.perf_counter()
-            overrides, devices = self.placement.of(draft=role != "model")
+            where, draft = self.config.placement, role != "model"
+            overrides, devices = where.of(draft=draft)
             model = lx.load_model(
                 gf,
                 load_mtp=load_mtp,
-                n_gpu_layers=self.placement.gpu_layers(self.n_gpu_layers, draft=role != "model"),
-                load_mode=self.load_mode,
+                n_gpu_layers=where.gpu_layers(self.config.n_gpu_layers, draft=draft),
+                load_mode=self.config.load_mode,
                 overrides=overrides,
                 devices=devices,
             )

@@ -18,7 +18,7 @@ def main(model: str, spec: dict) -> dict:
     lx.quiet_logs()
     placement = Placement(rpc=tuple(spec.get("rpc", ())), n_gpu_layers_draft=spec.get("ngld"))
     out: dict = {"runs": []}
-    with Runtime(model, spec_type="mtp", n_gpu_layers=spec.get("ngl", 99), placement=placement) as rt:
+    with Runtime.load(model, spec_type="mtp", n_gpu_layers=spec.get("ngl", 99), placement=placement) as rt:
         out["devices"] = [d.name for d in lx.devices()]
         out["draft"] = str(rt.draft_path) if rt.draft_path else None
         prompt = rt.tokenize("hello world the")

@@ -211,7 +211,7 @@ def test_a_probes_wait_counts_the_tokens_it_gave():
 def test_adaptive_greedy_equals_plain(models, arch):
     """Switching N every few steps, sleeping and restarting the head: still plain decoding's tokens."""
     s = models(arch, head_noise=1.0, trunk_mix=2.0)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world")
         ref = tokens(rt, prompt, greedy(n_predict=120))
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, start=2)
@@ -221,7 +221,7 @@ def test_adaptive_greedy_equals_plain(models, arch):
         assert ctl.n_switches >= 1 and len([n for n in ctl.steps_at if n]) >= 2  # it did change N
         # off most of the time on a useless head (sleep / restart on every probe), same tokens
         u = models(arch, head_noise=8.0, trunk_mix=2.0)
-    with Runtime(u["full"], spec_type="mtp") as rt:
+    with Runtime.load(u["full"], spec_type="mtp") as rt:
         ref = tokens(rt, prompt, greedy(n_predict=120))
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False)
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
@@ -248,7 +248,7 @@ def test_an_asleep_drafters_target_computes_no_h_rows(models, monkeypatch):
     head starts from); a generation left asleep resumes cold. Plain decoding's tokens throughout."""
     seen: list[object] = []
     set_h, decode, restart = lx.set_embeddings_nextn, lx.decode, MtpDrafter.restart
-    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world")
         cfg = greedy(spec_type="mtp", draft_n_max=2, n_predict=40)
         ref = tokens(rt, prompt, greedy(n_predict=40))
@@ -271,7 +271,7 @@ def test_an_asleep_drafters_target_computes_no_h_rows(models, monkeypatch):
 
 def test_adaptive_decisions_useless_vs_perfect_head(models):
     for noise, expect_on in ((8.0, False), (0.0, True)):
-        with Runtime(models(head_noise=noise)["full"], spec_type="mtp") as rt:
+        with Runtime.load(models(head_noise=noise)["full"], spec_type="mtp") as rt:
             ctl = AdaptiveController(8, costs=FLAT, measure=False)
             for p in ("hello world", "the cat", "one two three"):
                 tokens(rt, rt.tokenize(p), greedy(n_predict=100, spec_type="mtp"), "adaptive", ctl)
@@ -284,7 +284,7 @@ def test_adaptive_decisions_useless_vs_perfect_head(models):
 
 
 def test_adaptive_with_measured_costs_runs_and_keeps_one_controller(models):
-    with Runtime(models(head_noise=8.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(head_noise=8.0)["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello")
         cfg = greedy(spec_type="mtp")
         auto = AutoDraft(rt)
@@ -299,7 +299,7 @@ def test_adaptive_with_measured_costs_runs_and_keeps_one_controller(models):
 
 def test_auto_without_and_with_a_profile(models, config_dir):
     s = models(head_noise=1.0)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello")
         cfg = greedy(spec_type="mtp")
         auto = AutoDraft(rt)
@@ -350,14 +350,14 @@ def test_cli_generate_auto_and_adaptive(models):
 def test_a_draft_n_min_above_the_chosen_n_is_one_clear_error(models):
     from mtp_cli.errors import ConfigError
 
-    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
         with pytest.raises(ConfigError, match=r"draft_n_min 9 is above the draft length adaptive chose \(8\)"):
             AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_n_min=9, draft_mode="adaptive"))
 
 
 def test_plain_decoding_does_not_drive_a_policy(models):
     """A policy handed to spec type none learns nothing from plain steps (none drafts)."""
-    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, start=3)
         out = [ev.token for ev in rt.generate(rt.tokenize("hello"), greedy(n_predict=24), policy=ctl)]
         assert len(out) == 24 and rt.stats.n_drafted == 0
@@ -372,7 +372,7 @@ def test_a_draft_length_mode_must_be_resolved_first(models):
         GenConfig(draft_n_max="auto").validated()  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="draft_mode must be one of fixed, auto, adaptive"):
         GenConfig(draft_mode="sometimes").validated()
-    with Runtime(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
         for mode in ("auto", "adaptive"):  # (without the policy AutoDraft.resolve gives)
             with pytest.raises(ConfigError, match=f"draft_mode {mode} is chosen by mtp_cli.speed.auto"):
                 rt.generate(rt.tokenize("hello"), greedy(spec_type="mtp", draft_mode=mode))

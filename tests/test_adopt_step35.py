@@ -53,7 +53,7 @@ def test_a_llama3_trunk_adopts_as_step35_and_keeps_its_logits(llama3, tmp_path):
 def test_the_adopted_file_decodes_with_its_head_slot(llama3, tmp_path):
     out = tmp_path / "adopted.gguf"
     ops.adopt(llama3, out)
-    with Runtime(out, spec_type="mtp") as rt:
+    with Runtime.load(out, spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world the")
         cfg = GenConfig(temp=0.0, n_predict=24, n_threads=1, n_ctx=256)
         plain = [e.token for e in rt.generate(prompt, cfg)]
@@ -84,7 +84,7 @@ def test_a_short_training_run_gives_the_adopted_llama3_a_head_that_drafts(llama3
     job = tiny_train_job(tmp_path, llama3)
     run_train(job)
     assert open_gguf(job.out).arch == TARGET
-    with Runtime(job.out, spec_type="mtp") as rt:
+    with Runtime.load(job.out, spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world the a")
         cfg = GenConfig(temp=0.0, n_predict=48, n_threads=1, n_ctx=256, ignore_eos=True)
         plain = [e.token for e in rt.generate(prompt, cfg)]

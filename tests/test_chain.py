@@ -73,7 +73,7 @@ def test_a_chain_keeps_every_member_in_step(tiny_models, arch, monkeypatch):
     is plain decoding's."""
     s = tiny_models(arch, head_noise=0.0)
     seen = _proposers(monkeypatch)
-    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+    with Runtime.load(s["full"], spec_type="lookup,mtp") as rt:
         prompt = _cycle_prompt(rt)
         ref = run(rt, prompt, greedy(n_predict=40))
         assert run(rt, prompt, greedy(spec_type="draft-mtp,ngram-mod", draft_n_max=16, n_predict=40)) == ref
@@ -97,7 +97,7 @@ def test_while_the_head_sleeps_the_lookup_drafts_and_the_head_wakes_in_step(tiny
     current position and every one of its drafts is kept again (it agrees with the target)."""
     s = tiny_models("glm4moe", head_noise=0.0)
     seen = _proposers(monkeypatch)
-    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+    with Runtime.load(s["full"], spec_type="lookup,mtp") as rt:
         prompt = _cycle_prompt(rt)
         ref = run(rt, prompt, greedy(n_predict=40))
         cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
@@ -146,7 +146,7 @@ def test_a_head_woken_after_a_lookup_step_pairs_with_the_kept_draft_row(tiny_mod
     woke: list[tuple[int, bool]] = []
     monkeypatch.setattr(VerifyLoop, "_settle", spy_settle)
     monkeypatch.setattr(MtpDrafter, "restart", spy_restart)
-    with Runtime(s["full"], spec_type="lookup,mtp") as rt:
+    with Runtime.load(s["full"], spec_type="lookup,mtp") as rt:
         prompt = _cycle_prompt(rt)
         cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
         assert [ev.token for ev in rt.generate(prompt, cfg, policy=_Blink(4))] == run(rt, prompt, greedy(n_predict=40))
@@ -156,7 +156,7 @@ def test_a_head_woken_after_a_lookup_step_pairs_with_the_kept_draft_row(tiny_mod
 @pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])
 def test_chains_decode_as_plain_decoding_greedy_and_sampled(tiny_models, spec):
     s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(" ".join(["hello world the a"] * 4))
         for n in (1, 3, 8):
             assert run(rt, prompt, greedy(spec_type=spec, draft_n_max=n)) == run(rt, prompt, greedy()), (spec, n)

@@ -29,7 +29,7 @@ SPECS = [("none", {}), ("mtp", {"draft_n_max": 3}), ("ngram", {"draft_n_max": 3}
 
 @pytest.fixture(scope="module")
 def rt(tiny_models):
-    with Runtime(tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)["full"], spec_type="mtp") as r:
+    with Runtime.load(tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)["full"], spec_type="mtp") as r:
         yield r
 
 
@@ -133,7 +133,7 @@ def test_a_draft_model_gives_plain_decodings_output_under_a_grammar(tiny_models)
     s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
     d = tiny_models("glm4moe", perturb=0.35)
     gbnf = lx.json_schema_grammar(SCHEMA)
-    with Runtime(s["full"], spec_type="draft", draft_model=d["trunk"]) as rt:
+    with Runtime.load(s["full"], spec_type="draft", draft_model=d["trunk"]) as rt:
         for kw in (dict(), dict(temp=0.9, seed=11)):
             plain, _, _ = _gen(rt, greedy(n_predict=80, grammar=gbnf, **kw))
             toks, _, (st, _) = _gen(rt, greedy(n_predict=80, grammar=gbnf, spec_type="draft", draft_n_max=3, **kw))

@@ -35,7 +35,7 @@ def test_break_even():
 def test_measure_costs_directly(models, arch):
     from mtp_cli.speed.probe import measure_costs
 
-    with Runtime(models(arch, head_noise=1.0)["full"], spec_type="mtp") as rt:
+    with Runtime.load(models(arch, head_noise=1.0)["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize("hello world, this is a prompt")
         cm = measure_costs(rt, greedy(), 3, prompt, rounds=1, reps=2)
         assert cm.t_ms > 0 and len(cm.verify) == 4 and all(v > 0 for v in cm.verify)

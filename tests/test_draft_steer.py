@@ -106,14 +106,14 @@ def test_every_drafter_picks_under_the_targets_edits(tmp_path, tiny_models, kind
     every draft is kept and the output is plain decoding's with the same flags; the same drafter
     picking from unedited rows loses most of its drafts."""
     path, spec = _drafters(tmp_path, tiny_models)[kind]
-    with Runtime(path, **spec) as rt:
+    with Runtime.load(path, **spec) as rt:
         prompt, half = _window_prompt(rt)
         plain = run(rt, prompt, _cfg())
         ban = tuple((t, -np.inf) for t in half)  # (as the penalties' window: half the plain choices)
         for name, edits in [*EDITS.items(), ("ban", dict(logit_bias=ban))]:
             ref = run(rt, prompt, _cfg(**edits))
             assert ref != plain, name  # (the edit changes this text)
-            cfg = _cfg(draft_n_max=3, **spec, **edits)
+            cfg = _cfg(draft_n_max=3, spec_type=spec["spec_type"], **edits)
             assert run(rt, prompt, cfg) == ref, name
             steered = rt.stats.acceptance
             with monkeypatch.context() as mp:
@@ -127,12 +127,12 @@ def test_ignore_eos_drafts_past_the_end(tiny_models, monkeypatch):
     """--ignore-eos: where the target would end, the head drafts what the target then chooses."""
     arch = "glm4moe"
     perm = token_permutation(TinySpec(arch=arch))
-    with Runtime(tiny_models(arch)["trunk"]) as rt:
+    with Runtime.load(tiny_models(arch)["trunk"]) as rt:
         trig = rt.tokenize(PROMPT)[-1]
     for _ in range(5):
         trig = int(perm[trig])  # EOS follows the 5th generated token
     s = tiny_models(arch, head_noise=0.0, eos_after=trig)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         cfg = _cfg(spec_type="mtp", draft_n_max=3, n_predict=30, ignore_eos=True)
         ref = run(rt, prompt, _cfg(n_predict=30, ignore_eos=True))
@@ -145,7 +145,7 @@ def test_sampling_under_penalties_stays_exact_and_drafts_are_kept(tiny_models, m
     """Sampled, same seed: drafting under the penalties emits plain sampling's tokens, and keeps more
     drafts than a drafter picking from unedited rows."""
     s = tiny_models("glm4moe", head_noise=0.0)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = _window_prompt(rt)[0]
         acc: dict[str, list[float]] = {"steered": [], "unsteered": []}
         mismatches = 0

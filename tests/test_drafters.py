@@ -52,7 +52,7 @@ def _report():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mtp_parity_every_n(models, arch, record_property):
     s = models(arch, head_noise=1.0, **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         perm = token_permutation(TinySpec(arch=arch))
@@ -68,10 +68,10 @@ def test_mtp_parity_every_n(models, arch, record_property):
 def test_mtp_sidecar_parity(models, arch, record_property):
     """trunk (-m) + MTP-only sidecar (-md): the same tokens and the same drafts as the full file."""
     s = models(arch, head_noise=1.5, **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         full = [(run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n)), rt.stats.n_accepted) for n in (1, 3, 6)]
-    with Runtime(s["trunk"], spec_type="mtp", draft_model=s["sidecar"]) as rt:
+    with Runtime.load(s["trunk"], spec_type="mtp", draft_model=s["sidecar"]) as rt:
         assert rt.models.drafting is not rt.model
         side = [(run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n)), rt.stats.n_accepted) for n in (1, 3, 6)]
         _parity_sweep(rt, s["trunk"], prompt, "mtp", f"{arch} mtp (trunk + sidecar, noise 1.5, mix 2)", record_property)
@@ -93,7 +93,7 @@ def test_first_draft_uses_the_design3_pairing(models, arch):
             firsts.append((pos, out[0]))
         return out
 
-    with Runtime(s["full"], spec_type="mtp") as rt, pytest.MonkeyPatch.context() as mp:
+    with Runtime.load(s["full"], spec_type="mtp") as rt, pytest.MonkeyPatch.context() as mp:
         mp.setattr(MtpDrafter, "draft", spy)
         prompt = rt.tokenize(PROMPT)
         seq = prompt + run(rt, prompt, greedy(spec_type="mtp", draft_n_max=2))
@@ -112,7 +112,7 @@ def test_draft_model_parity_every_n(models, arch, draft_arch, record_property):
     has recurrent state (rolled back through a saved checkpoint), a glm4moe draft only KV."""
     s = models(arch, **SENSITIVE)
     d = models(draft_arch, perturb=0.35)
-    with Runtime(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
+    with Runtime.load(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
         assert rt.models.drafting is not None
         prompt = rt.tokenize(PROMPT)
         acc, _ = _parity_sweep(
@@ -142,7 +142,7 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
         real_decode(ctx, batch)
         last[id(ctx)] = (int(batch.pos[0]), batch.tokens[: batch.n_tokens].copy())
 
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         gaps = baseline_gaps(s["full"], prompt, ref)
@@ -179,7 +179,7 @@ def test_parity_catches_a_stale_recurrent_rollback(models):
 
 def test_draft_model_same_as_target_accepts_everything(models):
     s = models("qwen35")
-    with Runtime(s["trunk"], spec_type="draft", draft_model=s["trunk"]) as rt:
+    with Runtime.load(s["trunk"], spec_type="draft", draft_model=s["trunk"]) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         out = run(rt, prompt, greedy(spec_type="draft", draft_n_max=4))
@@ -197,7 +197,7 @@ def test_ngram_parity_every_n(models, arch, record_property):
     for _ in range(24):
         cyc.append(int(perm[cyc[-1]]))
     prompt = [1] + cyc + [200, 201, 202] + cyc[:3] + [203] + cyc[:1]
-    with Runtime(s["trunk"], spec_type="ngram") as rt:
+    with Runtime.load(s["trunk"], spec_type="ngram") as rt:
         acc, _ = _parity_sweep(
             rt, s["trunk"], prompt, "ngram", f"{arch} ngram (cycle prompt)", record_property, ngram_min=1, ngram_max=3
         )
@@ -289,7 +289,7 @@ def test_chained_heads_parity(tmp_path, record_property):
             firsts.append((pos, out[0]))
         return out
 
-    with Runtime(path, spec_type="mtp") as rt:
+    with Runtime.load(path, spec_type="mtp") as rt:
         assert rt.n_heads == 3
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
@@ -335,10 +335,10 @@ def test_draft_model_with_another_vocabulary(models, tmp_path):
         mp.setattr(factory, "tiny_vocab", other_vocab)
         other = tiny_model_set(tmp_path / "other", "glm4moe", "structured", "f32")
     with pytest.raises(VocabMismatchError) as e:
-        Runtime(s["trunk"], spec_type="draft", draft_model=other["trunk"])
+        Runtime.load(s["trunk"], spec_type="draft", draft_model=other["trunk"])
     assert "vocabulary" in _one_line(e) and "zzz" in str(e.value)
     with pytest.raises(VocabMismatchError):
-        Runtime(s["trunk"], spec_type="mtp", draft_model=other["sidecar"])
+        Runtime.load(s["trunk"], spec_type="mtp", draft_model=other["sidecar"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,7 +509,7 @@ def test_later_drafts_read_their_own_rows_hidden_state(models, arch, known):
     catch-up row's (which llama.cpp's masked extraction returned while only the draft row was an
     output)."""
     s = models(arch, head_noise=1.0, **SENSITIVE)
-    with _as_recorded(arch, known), Runtime(s["full"], spec_type="mtp") as rt:
+    with _as_recorded(arch, known), Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         later = sum(_check_against_reference(s["full"], rt, prompt, n, chain=False) for n in (1, 2, 3, 4))
         assert rt._ctx is not None and rt._ctx.drafters["mtp"].all_outputs is not known  # type: ignore[attr-defined]
@@ -519,7 +519,7 @@ def test_later_drafts_read_their_own_rows_hidden_state(models, arch, known):
 @pytest.mark.parametrize("known", [True, False], ids=["by-record", "every-row-an-output"])
 def test_chained_heads_later_drafts_match_the_reference(tmp_path, known):
     path = write_tiny_mimo2(tmp_path / "mimo2-3heads.gguf", n_heads=3, mix=2.0, head_noise=1.0)
-    with _as_recorded("mimo2", known), Runtime(path, spec_type="mtp") as rt:
+    with _as_recorded("mimo2", known), Runtime.load(path, spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         later = sum(_check_against_reference(path, rt, prompt, n, chain=True) for n in (2, 3, 4))
     assert later > 10

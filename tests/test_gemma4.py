@@ -35,7 +35,7 @@ def test_inspect_says_what_each_file_is_and_how_to_use_them_together(pair):
 
 
 def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(pair):
-    with Runtime(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
+    with Runtime.load(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=24))
         for n in (1, 2, 3, 4, 8):
@@ -51,7 +51,7 @@ def test_the_assistant_drafts_through_the_targets_memory_and_keeps_plain_output(
 
 def test_an_agreeing_assistant_has_every_draft_accepted_and_the_same_output(tmp_path):
     both = write_gemma4_pair(tmp_path / "agree", agree=1.0)
-    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
+    with Runtime.load(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=25))
         assert len(ref) == 25
@@ -93,16 +93,25 @@ def test_bench_and_tune_take_the_assistant(pair, tmp_path):
     """tune's cost probe decoded the assistant at a position the target already held: llama.cpp
     refused the batch ("llama_decode failed with code -1")."""
     from gguf_tools.gguf_file import open_gguf
+    from mtp_cli.config import LoadConfig
     from mtp_cli.speed import profiles
     from mtp_cli.speed.bench import bench
     from mtp_cli.speed.tune import tune
 
-    b = bench(pair.target, pair.assistant, n_predict=8, repeats=1, n_threads=1)
+    b = bench(pair.target, LoadConfig(draft_model=str(pair.assistant)), n_predict=8, repeats=1, n_threads=1)
     rows = {r.name: r for r in b.rows}
     for name in ("none", "mtp N=1", "mtp N=2", "mtp N=3", "mtp N=4", "auto", "adaptive"):
         assert rows[name].result is not None, name
     assert rows["mtp N=3"].result.stats.n_drafted > 0
-    t = tune(pair.target, pair.assistant, budget=3, n_max=2, n_threads=1, save=True, config_dir=tmp_path)
+    t = tune(
+        pair.target,
+        LoadConfig(draft_model=str(pair.assistant)),
+        budget=3,
+        n_max=2,
+        n_threads=1,
+        save=True,
+        config_dir=tmp_path,
+    )
     assert t.cost is not None and len(t.cost.verify) == 3 and t.best is not None
     # the profile is the pair's: another assistant for the same target has none
     other = write_gemma4_pair(tmp_path / "other", seed=1).assistant
@@ -126,7 +135,7 @@ def partial(tmp_path_factory):
 def test_a_partly_agreeing_assistant_drafts_from_its_own_state_and_keeps_plain_output(partial):
     """Accepted and rejected drafts in one run, at every N; draft positions past the first (drafted
     from the assistant's own token and post_projection state) are accepted too."""
-    with Runtime(partial.target, spec_type="mtp", draft_model=partial.assistant) as rt:
+    with Runtime.load(partial.target, spec_type="mtp", draft_model=partial.assistant) as rt:
         prompt = _far_from_eos(partial, 30)  # longer than the sliding window
         ref = run(rt, prompt, greedy(n_predict=80, n_batch=8))
         assert len(ref) == 80 and len(prompt) > SWA
@@ -143,7 +152,7 @@ def test_rollback_in_the_sliding_window_cache(pair):
     """The random assistant's drafts are all rejected: every verify pass rolls its N positions back
     out of the target's sliding-window and global caches, the prompt and output many windows long.
     (The caches are llama.cpp's default swa_full: n_ctx cells, so a window is a mask, no cell reused.)"""
-    with Runtime(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
+    with Runtime.load(pair.target, spec_type="mtp", draft_model=pair.assistant) as rt:
         prompt = rt.tokenize(" ".join(["the cat sat on the mat"] * 6))
         assert len(prompt) > 2 * SWA
         ref = run(rt, prompt, greedy(n_predict=64, n_batch=8))
@@ -164,7 +173,10 @@ def test_eos_inside_an_accepted_draft(tmp_path):
         seen.append((n_accepted, list(drafts)))
         return orig(self, n_accepted, drafts)
 
-    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt, pytest.MonkeyPatch.context() as mp:
+    with (
+        Runtime.load(both.target, spec_type="mtp", draft_model=both.assistant) as rt,
+        pytest.MonkeyPatch.context() as mp,
+    ):
         mp.setattr(MtpDrafter, "accept", spy)
         ref = run(rt, prompt, greedy())
         assert ref == before[1:] and rt.stats.stop_reason == "eog"  # (EOS itself not emitted)
@@ -180,7 +192,7 @@ def test_eos_inside_an_accepted_draft(tmp_path):
 
 def test_n_predict_ends_inside_a_draft(tmp_path):
     both = write_gemma4_pair(tmp_path, agree=1.0)
-    with Runtime(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
+    with Runtime.load(both.target, spec_type="mtp", draft_model=both.assistant) as rt:
         prompt = _far_from_eos(both, 2)
         ref = run(rt, prompt, greedy(n_predict=20))
         for n_predict in range(0, 14):
@@ -195,7 +207,7 @@ def test_n_predict_ends_inside_a_draft(tmp_path):
 def test_a_full_context(pair, partial):
     n_ctx = 40
     for p in (pair, partial):
-        with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+        with Runtime.load(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
             prompt = _far_from_eos(p, 20) if p.order else rt.tokenize(PROMPT)
             ref = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx))
             assert rt.stats.stop_reason == "ctx_full" and len(ref) == n_ctx - len(prompt) + 1
@@ -210,7 +222,7 @@ def test_sampling_keeps_plain_samplings_distribution(tmp_path):
     bigram pair's top logit leads by ~10: temperature 8 spreads it (top-1 ~ 0.5)."""
     bigram = write_gemma4_pair(tmp_path, agree=0.7)
     sampling = {**SAMPLING, "temp": 8.0}
-    with Runtime(bigram.target, spec_type="mtp", draft_model=bigram.assistant) as rt:
+    with Runtime.load(bigram.target, spec_type="mtp", draft_model=bigram.assistant) as rt:
         prompt = _far_from_eos(bigram, 4)
         plain = _sample_runs(rt, prompt, "none", range(0, 600), sampling=sampling)
         accepted: list[int] = []
@@ -247,9 +259,9 @@ def test_an_assistant_for_another_target_is_one_line(pair, tmp_path):
     for kw, err, line in cases:
         other = write_gemma4_pair(tmp_path, **kw).assistant
         with pytest.raises(err, match=line):
-            Runtime(pair.target, spec_type="mtp", draft_model=other)
+            Runtime.load(pair.target, spec_type="mtp", draft_model=other)
     with pytest.raises(ModelFileError, match="reads the target's memory: use it with spec_type mtp"):
-        Runtime(pair.target, spec_type="draft", draft_model=pair.assistant)
+        Runtime.load(pair.target, spec_type="draft", draft_model=pair.assistant)
 
 
 def test_head_count_kv_left_out_means_head_count_as_in_llama_cpp(tmp_path):
@@ -259,7 +271,7 @@ def test_head_count_kv_left_out_means_head_count_as_in_llama_cpp(tmp_path):
     from tests.gemma4_pair import TINY
 
     p = write_gemma4_pair(tmp_path, dims=replace(TINY, n_head_kv=None))
-    with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+    with Runtime.load(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=16))
         assert run(rt, prompt, greedy(n_predict=16, spec_type="mtp", draft_n_max=3)) == ref
@@ -295,7 +307,7 @@ def test_a_target_whose_last_blocks_reuse_earlier_kv(tmp_path):
         p = write_gemma4_pair(
             tmp_path, agree=agree, dims=replace(TINY, pattern=(True, False, True, False), shared_kv=2)
         )
-        with Runtime(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
+        with Runtime.load(p.target, spec_type="mtp", draft_model=p.assistant) as rt:
             prompt = rt.tokenize(PROMPT)
             ref = run(rt, prompt, greedy(n_predict=24))
             for n in (1, 3, 6):

@@ -136,7 +136,7 @@ def test_lookup_output_is_plain_decodings_and_it_drafts_where_the_text_repeats(t
     for _ in range(40):
         cyc.append(int(perm[cyc[-1]]))
     prompt = [1, *cyc, 200, 201, *cyc[:2]]
-    with Runtime(s["trunk"]) as rt:
+    with Runtime.load(s["trunk"]) as rt:
         ref = run(rt, prompt, greedy(n_predict=40))
         out = run(rt, prompt, greedy(spec_type="lookup", draft_n_max=32, n_predict=40))
         assert out == ref and rt.stats.n_accepted > 10 and max(rt.stats.drafted_at[4:] or [0]) > 0

@@ -100,7 +100,7 @@ def _reference(model_path, prompt: list[int], n: int, *, penalty: float, last_n:
 def test_penalized_generation_drafted_or_not_equals_llama_cpps_chain(tiny_models, arch):
     s = tiny_models(arch, head_noise=1.0, **SENSITIVE)
     kw = dict(repeat_penalty=1.5, repeat_last_n=24)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         p0 = rt.tokenize(PROMPT)
         prompt = p0 + run(rt, p0, greedy(n_predict=10)) + p0[1:]  # what follows is in the window
         ref = _reference(s["full"], prompt, 40, penalty=1.5, last_n=24, ignore_eos=False)
@@ -114,12 +114,12 @@ def test_penalized_generation_drafted_or_not_equals_llama_cpps_chain(tiny_models
 def test_ignore_eos_generates_past_the_end_as_llama_cpp_does(tiny_models):
     arch = "glm4moe"
     perm = token_permutation(TinySpec(arch=arch))
-    with Runtime(tiny_models(arch)["trunk"]) as rt:
+    with Runtime.load(tiny_models(arch)["trunk"]) as rt:
         trig = rt.tokenize(PROMPT)[-1]
     for _ in range(5):
         trig = int(perm[trig])  # the 5th generated token; EOS follows it
     s = tiny_models(arch, head_noise=0.0, eos_after=trig)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ended = run(rt, prompt, greedy(spec_type="mtp", draft_n_max=3))
         assert rt.stats.stop_reason == "eog" and len(ended) == 5
@@ -142,13 +142,20 @@ def test_ignore_eos_generates_past_the_end_as_llama_cpp_does(tiny_models):
         (dict(repeat_last_n=-1), "repeat_last_n"),
         (dict(cache_type_k="q9"), "cache_type_k"),
         (dict(cache_type_v="q4_0", flash_attn=False), "cache_type_v"),
-        (dict(load_mode="swap"), "load_mode"),
         (dict(n_ubatch=0), "n_ubatch"),
     ],
 )
 def test_bad_settings_are_refused_by_name(bad, names):
     with pytest.raises(ConfigError, match=names):
         GenConfig(**bad).validated()
+
+
+@pytest.mark.parametrize("bad, names", [(dict(load_mode="swap"), "load_mode"), (dict(n_parallel=0), "n_parallel")])
+def test_bad_load_settings_are_refused_by_name(bad, names):
+    from mtp_cli.config import LoadConfig
+
+    with pytest.raises(ConfigError, match=names):
+        LoadConfig(**bad).validated()
 
 
 def test_a_small_ubatch_on_a_recurrent_target_is_raised_instead_of_aborting(tiny_models):
@@ -160,7 +167,7 @@ def test_a_small_ubatch_on_a_recurrent_target_is_raised_instead_of_aborting(tiny
     code = (
         "from mtp_cli.config import GenConfig; from mtp_cli.runtime import Runtime; import sys\n"
         "cfg = lambda **k: GenConfig(n_predict=24, n_ctx=256, n_threads=1, temp=0.0, **k)\n"
-        f"rt = Runtime({str(s['full'])!r}, spec_type='mtp'); p = rt.tokenize('hello world')\n"
+        f"rt = Runtime.load({str(s['full'])!r}, spec_type='mtp'); p = rt.tokenize('hello world')\n"
         "ref = [e.token for e in rt.generate(p, cfg())]\n"
         "out = [e.token for e in rt.generate(p, cfg(spec_type='mtp', draft_n_max=3, n_ubatch=2))]\n"
         "sys.exit(0 if out == ref else 3)\n"

@@ -32,7 +32,7 @@ def test_long_prompt_in_small_batches(models, arch):
     s = models(arch, head_noise=1.0, **SENSITIVE)
     d = models(arch, perturb=0.35)
     text = " ".join(["hello world the a"] * 10)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(text)
         assert len(prompt) > 30
         ref = run(rt, prompt, greedy(n_batch=512))
@@ -41,7 +41,7 @@ def test_long_prompt_in_small_batches(models, arch):
             assert out == ref, (spec, n)
             if spec == "mtp":
                 assert rt.stats.n_accepted > 0
-    with Runtime(s["full"], spec_type="draft", draft_model=d["trunk"]) as rt:
+    with Runtime.load(s["full"], spec_type="draft", draft_model=d["trunk"]) as rt:
         for n in (1, 4):
             assert run(rt, prompt, greedy(spec_type="draft", draft_n_max=n, n_batch=8)) == ref
 
@@ -50,7 +50,7 @@ def test_long_prompt_in_small_batches(models, arch):
 def test_eog_inside_an_accepted_draft(models, arch):
     perm = token_permutation(TinySpec(arch=arch))
     s0 = models(arch)
-    with Runtime(s0["trunk"]) as rt:
+    with Runtime.load(s0["trunk"]) as rt:
         last = rt.tokenize(PROMPT)[-1]
     trig = last
     for _ in range(7):
@@ -63,7 +63,7 @@ def test_eog_inside_an_accepted_draft(models, arch):
         seen.append((n_accepted, list(drafts)))
         return orig(self, n_accepted, drafts)
 
-    with Runtime(s["full"], spec_type="mtp") as rt, pytest.MonkeyPatch.context() as mp:
+    with Runtime.load(s["full"], spec_type="mtp") as rt, pytest.MonkeyPatch.context() as mp:
         mp.setattr(MtpDrafter, "accept", spy)
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
@@ -81,7 +81,7 @@ def test_eog_inside_an_accepted_draft(models, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_n_predict_ends_inside_a_draft(models, arch):
     s = models(arch, head_noise=0.0)  # every draft accepted: n_predict always falls inside one
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy(n_predict=20))
         for n_predict in range(0, 14):
@@ -97,7 +97,7 @@ def test_context_fills(models, arch):
     s = models(arch, head_noise=1.5)
     d = models(arch, perturb=0.35)
     n_ctx = 24
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         expect = n_ctx - len(prompt) + 1  # the last token is sampled from the last position's logits
         ref = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx))
@@ -107,14 +107,14 @@ def test_context_fills(models, arch):
             assert out == ref and rt.stats.stop_reason == "ctx_full", (spec, n)
         with pytest.raises(ConfigError, match="context holds"):
             rt.generate(list(range(3, 3 + n_ctx + 1)), greedy(n_ctx=n_ctx))
-    with Runtime(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
+    with Runtime.load(s["trunk"], spec_type="draft", draft_model=d["trunk"]) as rt:
         out = run(rt, prompt, greedy(n_predict=-1, n_ctx=n_ctx, spec_type="draft", draft_n_max=5))
         assert out == ref and rt.stats.stop_reason == "ctx_full"
 
 
 def test_p_min_and_n_min(models):
     s = models("glm4moe", head_noise=1.5)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         base = run(rt, prompt, greedy(spec_type="mtp", draft_n_max=4))
@@ -130,7 +130,7 @@ def test_p_min_and_n_min(models):
 
 def test_stats_are_consistent(models):
     s = models("qwen35", head_noise=1.5)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         events = list(rt.generate(prompt, greedy(spec_type="mtp", draft_n_max=3, n_predict=60)))
         st = rt.stats
@@ -152,7 +152,7 @@ def test_stats_are_consistent(models):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_keyboard_interrupt_leaves_stats_valid(models, arch):
     s = models(arch, head_noise=1.5)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         cfg = greedy(spec_type="mtp", draft_n_max=3)
@@ -205,23 +205,23 @@ def test_keyboard_interrupt_leaves_stats_valid(models, arch):
 def test_refusals(models, tmp_path):
     s = models("qwen35")
     with pytest.raises(NoMtpHeadError) as e:
-        Runtime(s["trunk"], spec_type="mtp")
+        Runtime.load(s["trunk"], spec_type="mtp")
     msg = _one_line(e)
     assert "mtp-cli pack" in msg and "draft_model" in msg and "spec_type ngram" in msg and "--" not in msg
     with pytest.raises(NoMtpHeadError) as e:
-        Runtime(s["full"], spec_type="mtp", draft_model=s["trunk"])  # -md without a head
+        Runtime.load(s["full"], spec_type="mtp", draft_model=s["trunk"])  # -md without a head
     _one_line(e)
     with pytest.raises(MtpError, match="sidecar") as e:
-        Runtime(s["sidecar"])
+        Runtime.load(s["sidecar"])
     _one_line(e)
     with pytest.raises(ConfigError, match="draft_model") as e:
-        Runtime(s["trunk"], spec_type="draft")
+        Runtime.load(s["trunk"], spec_type="draft")
     _one_line(e)
     with pytest.raises(ModelFileError, match="spec_type mtp") as e:
-        Runtime(s["trunk"], spec_type="draft", draft_model=s["sidecar"])
+        Runtime.load(s["trunk"], spec_type="draft", draft_model=s["sidecar"])
     _one_line(e)
     with pytest.raises(ConfigError, match="spec type"):
-        Runtime(s["trunk"], spec_type="medusa")
+        Runtime.load(s["trunk"], spec_type="medusa")
     # files: missing, not a GGUF, truncated; llama.cpp never sees them
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"this is not a gguf file at all")
@@ -229,13 +229,13 @@ def test_refusals(models, tmp_path):
     cut.write_bytes(Path(s["trunk"]).read_bytes()[:5000])
     for bad in (tmp_path / "missing.gguf", junk, cut):
         with pytest.raises(ModelFileError) as e:
-            Runtime(bad)
+            Runtime.load(bad)
         assert bad.name in _one_line(e)
         with pytest.raises(ModelFileError) as e:
-            Runtime(s["trunk"], spec_type="draft", draft_model=bad)
+            Runtime.load(s["trunk"], spec_type="draft", draft_model=bad)
         assert "draft model" in _one_line(e)
     # values
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         for kw, pat in (
             (dict(draft_n_max=0), "draft_n_max"),
@@ -261,7 +261,7 @@ def test_refusals(models, tmp_path):
             rt.generate([1, 100000], greedy())
         with pytest.raises(MtpError, match="draft model"):
             rt.generate(prompt, greedy(spec_type="draft"))
-    with Runtime(s["full"]) as rt:  # loaded without the head
+    with Runtime.load(s["full"]) as rt:  # loaded without the head
         with pytest.raises(ConfigError, match="spec_type='mtp'"):
             rt.generate(rt.tokenize(PROMPT), greedy(spec_type="mtp"))
 
@@ -323,7 +323,7 @@ def test_a_prompt_that_extends_the_last_generation_decodes_only_its_new_tokens(m
     """The next turn of a chat: the memory keeps the last generation's prompt and tokens, the new
     prompt's tokens alone are decoded, and the output is what a full prefill gives."""
     s = models(arch, **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         cfg = greedy(spec_type=spec, draft_n_max=3, n_predict=12)
         p1 = rt.tokenize(PROMPT)
         out1 = run(rt, p1, cfg)
@@ -354,5 +354,5 @@ def test_the_longest_common_prefix_is_kept_regenerate_and_edits_give_a_fresh_pre
     what the new prompt shares with it and drops the rest (the MTP head too, asleep or not); the
     output is a full prefill's."""
     s = models("glm4moe", **SENSITIVE)
-    with Runtime(s["full"], spec_type="mtp") as rt:
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
         check_prefix_reuse(rt, greedy(spec_type=spec, draft_n_max=3, n_predict=10), sleep)

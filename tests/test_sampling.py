@@ -129,7 +129,7 @@ def _p_values(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> dict[str, f
 @pytest.fixture(scope="module")
 def sampling_rt(models):
     s = models("glm4moe", head_noise=0.5)
-    rt = Runtime(s["full"], spec_type="mtp")
+    rt = Runtime.load(s["full"], spec_type="mtp")
     yield rt
     rt.close()
 

@@ -20,7 +20,7 @@ uvicorn = pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from mtp_cli.cli import main  # noqa: E402
-from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.config import GenConfig, LoadConfig  # noqa: E402
 from mtp_cli.serve.api import create_app  # noqa: E402
 from mtp_cli.serve.engine import Engine  # noqa: E402
 from mtp_cli.stats import Generation  # noqa: E402
@@ -430,12 +430,12 @@ def test_the_gemma4_assistant_serves(tmp_path):
     from tests.gemma4_pair import write_gemma4_pair
 
     pair = write_gemma4_pair(tmp_path, agree=1.0)
-    with Runtime(pair.target) as rt:
+    with Runtime.load(pair.target) as rt:
         want = "".join(
             ev.text for ev in rt.generate(rt.tokenize("the cat"), GenConfig(n_predict=6, temp=0.0, n_threads=1))
         )
-    base = GenConfig(spec_type="mtp", draft_model=str(pair.assistant), draft_n_max=3, n_ctx=N_CTX, n_threads=1)
-    engine = Engine.load(pair.target, base)
+    base = GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1)
+    engine = Engine.load(pair.target, base, load=LoadConfig(spec_type="mtp", draft_model=str(pair.assistant)))
     s = Served(engine.start())
     try:
         r = s.client().completions.create(model=pair.target.name, prompt="the cat", temperature=0, max_tokens=6)

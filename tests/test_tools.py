@@ -128,7 +128,7 @@ def test_the_format_is_found_in_the_template(template, knows, want):
 
 @pytest.fixture(scope="module")
 def rt(tiny_models):
-    with Runtime(tiny_models("glm4moe", head_noise=1.0)["full"], spec_type="mtp") as r:
+    with Runtime.load(tiny_models("glm4moe", head_noise=1.0)["full"], spec_type="mtp") as r:
         yield r
 
 

@@ -56,7 +56,7 @@ def test_batched_answers_equal_one_at_a_time(trained):
     from mtp_cli.train.answers import BatchedAnswerer
     from mtp_cli.train.collect import TrunkTeacher
 
-    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    rt = Runtime.load(trained["job"].work_dir / "adopted.gguf", spec_type="none")
     prompts = [[1, *np.random.default_rng(i).integers(3, 300, 3 + 2 * i).tolist()] for i in range(5)]
     got: dict[str, dict] = {}
     ans = BatchedAnswerer(rt.model, max_len=40, top_k=8, n_seq=3, n_threads=1)
@@ -84,7 +84,7 @@ def test_sampled_answers_follow_the_top_k_and_repeat_for_a_seed(trained):
     from mtp_cli.runtime import Runtime
     from mtp_cli.train.answers import BatchedAnswerer
 
-    rt = Runtime(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    rt = Runtime.load(trained["job"].work_dir / "adopted.gguf", spec_type="none")
     p = [1, 5, 17, 42]
 
     def answer(temp: float, seed: int) -> dict:

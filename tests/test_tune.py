@@ -32,7 +32,7 @@ def test_tune_small_budget_picks_and_saves(models, config_dir):
     cm = res.cost
     assert cm.t_ms > 0 and len(cm.verify) == 5 and cm.draft > 0
     assert res.profile_path == config_dir / profiles.PROFILE_FILE
-    with Runtime(path, spec_type="mtp") as rt:
+    with Runtime.load(path, spec_type="mtp") as rt:
         prof = profiles.find(AutoDraft(rt).profile_key(greedy(spec_type="mtp")))
         assert prof is not None and prof.setting == ("off" if res.best.spec_type == "none" else res.best.name)
         assert prof.cost_model["break_even"] and prof.settings
@@ -41,14 +41,14 @@ def test_tune_small_budget_picks_and_saves(models, config_dir):
 def test_a_profile_is_found_only_where_the_weights_go_as_tuned(models, config_dir):
     """Tuned with a placement (here: no repacking; over RPC the servers and -ngld), `auto` finds
     the profile on a runtime placed the same way and not on one placed otherwise."""
-    from mtp_cli.config import Placement
+    from mtp_cli.config import LoadConfig, Placement
     from mtp_cli.speed.tune import tune
 
     path = models(head_noise=1.0)["full"]
     where = Placement(repack=False)
-    tune(path, budget=3.0, n_threads=THREADS, n_max=2, placement=where)
+    tune(path, LoadConfig(placement=where), budget=3.0, n_threads=THREADS, n_max=2)
     for placed, found in ((where, True), (Placement(), False)):
-        with Runtime(path, spec_type="mtp", placement=placed) as rt:
+        with Runtime.load(path, spec_type="mtp", placement=placed) as rt:
             res = AutoDraft(rt).resolve(greedy(spec_type="mtp", draft_mode="auto"))
             assert (res.mode == "profile") is found
 
@@ -203,7 +203,7 @@ def test_tune_measures_the_lookup_and_the_chain_and_a_profile_holds_them(models,
     by = {c.name: c for c in res.candidates}
     assert "lookup" in by and any(n.startswith("lookup,mtp N=") for n in by), list(by)
     assert by["lookup"].rung >= 0 or by["lookup"].status == "pruned"
-    with Runtime(path, spec_type="mtp") as rt:
+    with Runtime.load(path, spec_type="mtp") as rt:
         auto = AutoDraft(rt, config_dir)
         key = auto.profile_key(greedy(spec_type="mtp"))
         for spec, n, want in (("lookup,mtp", 2, ("lookup,mtp", 2)), ("lookup", 1, ("lookup", None))):
@@ -221,7 +221,7 @@ def test_a_profile_with_the_head_off_leaves_the_rest_of_the_chain(models, config
     from mtp_cli.speed.auto import LOOKUP_N_MAX
 
     path = models(head_noise=1.0)["full"]
-    with Runtime(path, spec_type="mtp") as rt:
+    with Runtime.load(path, spec_type="mtp") as rt:
         auto = AutoDraft(rt)
         key = auto.profile_key(greedy(spec_type="mtp"))
         profiles.save(profiles.Profile(key, {}, None, {}, "none", 0, 0.0, 100.0, 1.0), config_dir)

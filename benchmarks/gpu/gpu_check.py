@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mtp_cli import llama_ext as lx  # noqa: E402
 from mtp_cli.chat import chat_prompt  # noqa: E402
-from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.config import GenConfig, LoadConfig  # noqa: E402
 from mtp_cli.prompts import read_prompts  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
 from mtp_cli.speed.bench import bench  # noqa: E402
@@ -34,8 +34,8 @@ EVAL_PROMPTS = Path(__file__).resolve().parents[2] / "mtp_cli" / "train" / "prom
 
 
 def costs(model: Path, ngl: int, n_threads: int | None) -> dict[str, Any]:
-    cfg = GenConfig(n_gpu_layers=ngl, n_threads=n_threads, temp=0.0, n_ctx=2048)
-    with Runtime(model, spec_type="mtp", n_gpu_layers=ngl) as rt:
+    cfg = GenConfig(n_threads=n_threads, temp=0.0, n_ctx=2048)
+    with Runtime.load(model, spec_type="mtp", n_gpu_layers=ngl) as rt:
         prompt = rt.tokenize(chat_prompt(rt.file, PROMPTS[0], *rt.special_texts()), parse_special=True)
         cm = measure_costs(rt, cfg, 8, prompt * 4)
     return {"T_ms": cm.t_ms, "v": cm.verify, "c": cm.draft, "c_rows": cm.draft_rows}
@@ -43,9 +43,9 @@ def costs(model: Path, ngl: int, n_threads: int | None) -> dict[str, Any]:
 
 def acceptance(model: Path, ngl: int, n_threads: int | None, prompts: list[str], n: int) -> dict[str, Any]:
     """Greedy decoding with the head at N = 3 over the prompts (chat template): pooled figures."""
-    cfg = GenConfig(spec_type="mtp", draft_n_max=3, n_predict=n, n_gpu_layers=ngl, n_threads=n_threads, temp=0.0)
+    cfg = GenConfig(spec_type="mtp", draft_n_max=3, n_predict=n, n_threads=n_threads, temp=0.0)
     runs = []
-    with Runtime.load(model, cfg) as rt:
+    with Runtime.load(model, spec_type="mtp", n_gpu_layers=ngl) as rt:
         for p in prompts:
             toks = rt.tokenize(chat_prompt(rt.file, p, *rt.special_texts()), parse_special=True)
             for _ in rt.generate(toks, cfg):
@@ -107,10 +107,16 @@ def main() -> None:
     print("measuring the cost model", flush=True)
     doc["costs"] = costs(args.model, args.ngl, args.threads)
     print("bench", flush=True)
-    b = bench(args.model, n_gpu_layers=args.ngl, n_threads=args.threads, repeats=1 if args.quick else 3)
+    b = bench(args.model, LoadConfig(n_gpu_layers=args.ngl), n_threads=args.threads, repeats=1 if args.quick else 3)
     doc["bench"] = b.to_dict()
     print("tune", flush=True)
-    t = tune(args.model, budget=20 if args.quick else 60, n_gpu_layers=args.ngl, n_threads=args.threads, save=False)
+    t = tune(
+        args.model,
+        LoadConfig(n_gpu_layers=args.ngl),
+        budget=20 if args.quick else 60,
+        n_threads=args.threads,
+        save=False,
+    )
     best = t.best
     doc["tune"] = {
         "best": best.name if best else None,

@@ -14,7 +14,6 @@ from click.core import ParameterSource
 
 from gguf_tools.errors import spelled
 from mtp_cli.cli.app import MtpCommand
-from mtp_cli.cli.llama_flags import load_mode_of, placement_of
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
 from mtp_cli.config import GenConfig, parse_logit_bias
@@ -146,13 +145,12 @@ def gen_config(opts: dict[str, Any], model: Path) -> GenConfig:
         draft_mode=mode,
         draft_n_max=_D.draft_n_max if n is None else n,
         spec_type=opts["spec_type"] or default_spec(model, opts.get("draft_model")),
-        draft_model=str(opts["draft_model"]) if opts.get("draft_model") else None,
-        load_mode=load_mode_of(opts),
-        placement=placement_of(opts)[0],
     )
     if values.get("seed", _D.seed) == -1 and values.get("temp", _D.temp) > 0:
         values["seed"] = secrets.randbits(31)  # random, but said: the run can be repeated with -s
-    return GenConfig(**values)
+    from mtp_cli import drafters
+
+    return drafters.validated(GenConfig(**values))  # (checked before anything loads)
 
 
 def grammar_of(opts: dict[str, Any]) -> str | None:

@@ -14,7 +14,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, placement
 
 
 @main.command()
@@ -80,7 +80,7 @@ def generate(
     if system is not None and not chat:
         raise click.UsageError("-sys is a system message for the chat template: add --chat")
     base = go.gen_config(opts, model)
-    with Runtime.load(model, base) as rt:
+    with Runtime.load(model, load_of(opts, base.spec_type)[0]) as rt:
         res = AutoDraft(rt).resolve(base)
         if chat:
             text = chat_prompt(
@@ -169,7 +169,7 @@ def _conversation(
     base = go.gen_config(opts, model)
     if not base.greedy:
         render.note(f"seed: {base.seed}")
-    with Runtime.load(model, base) as rt:
+    with Runtime.load(model, load_of(opts, base.spec_type)[0]) as rt:
         res = AutoDraft(rt).resolve(base)
         if res.note:
             render.note(f"note: {res.note}")

@@ -13,7 +13,15 @@ import click
 
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
-from mtp_cli.config import KV_CACHE_TYPES, LOAD_MODES, Placement, parse_devices, parse_endpoints, parse_overrides
+from mtp_cli.config import (
+    KV_CACHE_TYPES,
+    LOAD_MODES,
+    LoadConfig,
+    Placement,
+    parse_devices,
+    parse_endpoints,
+    parse_overrides,
+)
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
 LLAMA_ENV = {
@@ -101,7 +109,7 @@ kv_and_sampling = stack(
         "--load-mode",
         "load_mode",
         type=click.Choice(LOAD_MODES),
-        default=_D.load_mode,
+        default=LoadConfig.load_mode,
         show_default=True,
         help="How the weights are loaded: mmap, mlock (kept in RAM), none (read in).",
     ),
@@ -250,6 +258,23 @@ def placement_of(opts: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
     )
 
 
+LOAD_OPTIONS = ("draft_model", "n_gpu_layers", "load_mode", "no_mmap", "mlock", "n_parallel", *PLACEMENT_OPTIONS)
+
+
+def load_of(opts: dict[str, Any], spec_type: str = "none") -> tuple[LoadConfig, dict[str, Any]]:
+    """What loading reads from the options (for `spec_type`), and the other options."""
+    rest = {k: v for k, v in opts.items() if k not in LOAD_OPTIONS}
+    cfg = LoadConfig(
+        spec_type=spec_type,
+        draft_model=str(opts["draft_model"]) if opts.get("draft_model") else None,
+        n_gpu_layers=opts.get("n_gpu_layers", LoadConfig.n_gpu_layers),
+        load_mode=load_mode_of(opts),
+        placement=placement_of(opts)[0],
+        n_parallel=opts.get("n_parallel", LoadConfig.n_parallel),
+    )
+    return cfg.validated(), rest
+
+
 def load_mode_of(opts: dict[str, Any]) -> str:
     """-lm, or what the old spellings --no-mmap / --mlock say (they win over -lm's default)."""
     no_mmap, mlock = opts.get("no_mmap", False), opts.get("mlock", False)
@@ -292,6 +317,7 @@ __all__ = [
     "UNSUPPORTED",
     "kv_and_sampling",
     "load_mode_of",
+    "load_of",
     "placement",
     "placement_of",
     "repack",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, LoadConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = GenConfig()  # the library's defaults are the flags' (one place for each)
@@ -46,7 +46,7 @@ gpu_layers = click.option(
     "-ngl",
     "--n-gpu-layers",
     "n_gpu_layers",
-    default=DEFAULTS.n_gpu_layers,
+    default=LoadConfig.n_gpu_layers,
     show_default=True,
     help="Layers on the GPU (-1: all).",
 )

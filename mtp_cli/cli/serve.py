@@ -13,7 +13,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, placement
+from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, placement
 
 
 @main.command()
@@ -81,7 +81,8 @@ def serve(
 
         model = demo_file()
         opts = go.demo_settings(opts)
-    engine = Engine.load(model, go.gen_config(opts, model), alias).start()
+    base = go.gen_config(opts, model)
+    engine = Engine.load(model, base, alias, load=load_of(opts, base.spec_type)[0]).start()
     _request_log()
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup

@@ -14,7 +14,7 @@ from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
 from mtp_cli.cli.demo_model import demo_file
-from mtp_cli.cli.llama_flags import llama_compat, placement, placement_of
+from mtp_cli.cli.llama_flags import llama_compat, load_of, placement
 
 
 @main.command()
@@ -38,15 +38,14 @@ def tune(
 
     model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
-    where, kw = placement_of(kw)
+    load, kw = load_of({**kw, "draft_model": draft_model})
     with Live(console=render.err, refresh_per_second=8, transient=True) as live:
         res = run_tune(
             model,
-            draft_model,
+            load,
             prompts=texts,
             save=not no_save,
             progress=lambda ev: live.update(render.tune_table(ev.result, ev.message)),
-            placement=where,
             **kw,
         )
     if as_json:
@@ -104,16 +103,15 @@ def bench(model: Path | None, draft_model: Path | None, prompts: Path | None, as
 
     model = model or demo_file()
     texts = opt.read_prompt_texts(prompts)
-    where, kw = placement_of(kw)
+    load, kw = load_of({**kw, "draft_model": draft_model})
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), TextColumn("{task.description}"), console=render.err, transient=True
     ) as bar:
         task = bar.add_task("", total=None)
         res = run_bench(
             model,
-            draft_model,
+            load,
             prompts=texts,
-            placement=where,
             **kw,
             progress=lambda ev: bar.update(task, completed=ev.done, total=ev.total, description=ev.message),
         )

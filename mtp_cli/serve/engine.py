@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 from mtp_cli import drafters
 from mtp_cli.chat import render, template_of
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import FINISH, Delta, Done, Event, Failed, Started, TokenProb, figures, stream, timings
@@ -85,8 +85,16 @@ class Engine:
         self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
 
     @classmethod
-    def load(cls, model: Union[str, os.PathLike[str]], base: GenConfig, alias: Optional[str] = None) -> Engine:
-        rt = Runtime.load(model, base)
+    def load(
+        cls,
+        model: Union[str, os.PathLike[str]],
+        base: GenConfig,
+        alias: Optional[str] = None,
+        *,
+        load: Optional[LoadConfig] = None,
+    ) -> Engine:
+        """The model loaded (by `load`; without one, for base's spec type) and served with `base`."""
+        rt = Runtime.load(model, load or LoadConfig(spec_type=base.spec_type))
         try:
             return cls(rt, base, alias)
         except BaseException:

@@ -91,18 +91,18 @@ class AutoDraft:
         self.rt = rt
         self.config_dir = config_dir
         self.controllers: dict[str, AdaptiveController] = {}
-        self._keys: dict[tuple[Optional[int], int], str] = {}
+        self._keys: dict[Optional[int], str] = {}
 
     def profile_key(self, cfg: GenConfig) -> str:
-        """The key of this model's tuned profile for cfg's threads and -ngl, and where the runtime put
-        the weights (RPC servers, the head's side...)."""
-        k = (cfg.n_threads, cfg.n_gpu_layers)
+        """The key of this model's tuned profile for cfg's threads, and the runtime's -ngl and where it
+        put the weights (RPC servers, the head's side...)."""
+        k = cfg.n_threads
         if k not in self._keys:
             self._keys[k] = profiles.identify(
                 self.rt.file,
                 self.rt.draft_file,
                 n_threads=cfg.n_threads,
-                n_gpu_layers=cfg.n_gpu_layers,
+                n_gpu_layers=self.rt.config.n_gpu_layers,
                 placement=self.rt.placement,
             ).key
         return self._keys[k]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from mtp_cli.config import GenConfig, Placement
+from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.errors import NoMtpHeadError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
@@ -88,34 +88,34 @@ def _adaptive_detail(res: RunResult) -> str:
 
 def bench(
     model: str | Path,
-    draft: Optional[str | Path] = None,
+    load: LoadConfig = LoadConfig(),
     *,
     prompts: Optional[Sequence[str]] = None,
     n_threads: Optional[int] = None,
-    n_gpu_layers: int = -1,
     n_predict: int = 64,
     repeats: int = 3,
     n_values: Sequence[int] = DEFAULT_NS,
     ngram: bool = True,
     n_ctx: int = 2048,
     progress: Optional[Callable[[BenchEvent], None]] = None,
-    placement: Placement = Placement(),
 ) -> BenchResult:
+    """`load`: its draft model (an MTP sidecar), -ngl and placement (loaded for the MTP head, when
+    the model has one)."""
     texts = list(prompts) if prompts is not None else list(PROMPTS)
-    base = GenConfig(n_predict=n_predict, n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx)
+    base = GenConfig(n_predict=n_predict, n_threads=n_threads, temp=0.0, n_ctx=n_ctx)
     try:
-        rt = Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers, placement=placement)
+        rt = Runtime.load(model, load, spec_type="mtp")
         has_head = True
     except NoMtpHeadError:
-        if draft is not None:
+        if load.draft_model is not None:
             raise
-        rt = Runtime(model, spec_type="none", n_gpu_layers=n_gpu_layers, placement=placement)
+        rt = Runtime.load(model, load, spec_type="none")
         has_head = False
     out = BenchResult(str(model), n_threads, n_predict, repeats, len(texts))
     with rt:
         toks = prompt_tokens(rt, texts, prompts is None)
         details: dict[str, str] = {"none": "plain decoding"}
-        settings = _settings(rt, base, default_spec(model, draft), n_values, ngram, has_head, details)
+        settings = _settings(rt, base, default_spec(model, load.draft_model), n_values, ngram, has_head, details)
         total = len(settings) * max(1, repeats)
         done = [0]
 

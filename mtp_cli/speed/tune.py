@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from mtp_cli.config import GenConfig, Placement
+from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
@@ -113,12 +113,11 @@ def _jobs(prompts: Sequence[list[int]], tokens: int, start: int = 0) -> tuple[li
 
 def tune(
     model: str | Path,
-    draft: Optional[str | Path] = None,
+    load: LoadConfig = LoadConfig(),
     *,
     prompts: Optional[Sequence[str]] = None,
     budget: float = DEFAULT_BUDGET,
     n_threads: Optional[int] = None,
-    n_gpu_layers: int = -1,
     n_max: int = DEFAULT_N_MAX,
     p_mins: Sequence[float] = DEFAULT_P_MINS,
     repeats: int = 3,
@@ -126,9 +125,9 @@ def tune(
     progress: Optional[Callable[[TuneEvent], None]] = None,
     save: bool = True,
     config_dir: Optional[Path] = None,
-    placement: Placement = Placement(),
 ) -> TuneResult:
-    """Measure, pick the fastest setting, save it as this model's profile on this machine (save=True)."""
+    """Measure, pick the fastest setting, save it as this model's profile on this machine (save=True).
+    `load`: its draft model (an MTP sidecar), -ngl and placement (loaded for the MTP head)."""
     t0 = _now()
     if budget <= 0:
         raise TuneError(f"`budget` must be positive, got {budget:g}")
@@ -138,8 +137,8 @@ def tune(
     if not texts:
         raise TuneError("no prompts")
     builtin = prompts is None
-    base = GenConfig(n_threads=n_threads, n_gpu_layers=n_gpu_layers, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK)
-    with Runtime(model, spec_type="mtp", draft_model=draft, n_gpu_layers=n_gpu_layers, placement=placement) as rt:
+    base = GenConfig(n_threads=n_threads, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK)
+    with Runtime.load(model, load, spec_type="mtp") as rt:
         toks = prompt_tokens(rt, texts, builtin)
         if max(len(t) for t in toks) + RUNG0_TOKENS >= n_ctx:
             raise TuneError(f"a prompt is too long for the tuning context ({n_ctx} tokens)")
@@ -170,7 +169,11 @@ class _Tuner:
         self.off = Candidate("off", "none", 0, status="baseline")
         # the profile's key first: a file that cannot be read fails before the budget is spent
         self.ident = profiles.identify(
-            rt.file, rt.draft_file, n_threads=base.n_threads, n_gpu_layers=base.n_gpu_layers, placement=rt.placement
+            rt.file,
+            rt.draft_file,
+            n_threads=base.n_threads,
+            n_gpu_layers=rt.config.n_gpu_layers,
+            placement=rt.placement,
         )
         res.candidates = [self.off]
 

@@ -107,7 +107,7 @@ def collect(
     def stop() -> bool:
         return (deadline is not None and time.monotonic() >= deadline) or bool(should_stop and should_stop())
 
-    with Runtime(model_path, spec_type="none") as rt:
+    with Runtime.load(model_path) as rt:
         store = Store.create(
             root, n_embd=lx.n_embd_out(rt.model), top_k=cfg.top_k, n_vocab=lx.n_vocab(rt.model), model=str(model_path)
         )

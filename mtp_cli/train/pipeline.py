@@ -277,13 +277,12 @@ def measure_acceptance(
         n_ctx=n_ctx,
         n_threads=n_threads,
         spec_type="mtp",
-        draft_model=sidecar,
         draft_n_max=draft_n_max,
         temp=0.0,
         **(edits or {}),
     )
     runs = []
-    with Runtime.load(model, cfg) as rt:
+    with Runtime.load(model, spec_type="mtp", draft_model=sidecar) as rt:
         use_chat = chat if chat is not None else isinstance(rt.file.get("tokenizer.chat_template"), str)
         for p in prompts:
             text = chat_prompt(rt.file, p, *rt.special_texts()) if use_chat else p

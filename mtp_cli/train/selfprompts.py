@@ -164,7 +164,7 @@ def generate_prompts(
     """`cfg.n` distinct user prompts sampled from the model (the same for a seed, up to batched
     kernels' rounding), none equal (case and spacing aside) to one of `exclude` (say, held-out
     evaluation prompts). Raises ChatTemplateError when the model has no chat template."""
-    rt = Runtime(model_path, spec_type="none")
+    rt = Runtime.load(model_path)
     answerers: list[BatchedAnswerer] = []
     seen = {normalized(e) for e in exclude}
     results: dict[int, str] = {}
