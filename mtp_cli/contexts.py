@@ -9,7 +9,7 @@ from typing import Optional
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters import Drafter
+from mtp_cli.drafters import Chain, ContextPlan, Drafter, Models
 from mtp_cli.memory import Held
 from mtp_cli.step_costs import StepCosts
 
@@ -26,9 +26,10 @@ class ContextSettings:
     n_threads: Optional[int]
     n_rs_seq: int  # recurrent targets keep exactly N snapshots for rollback (plain decoding: none)
     kv: lx.KvOptions
+    n_seq: int = 1  # sequences (slots) it holds, each n_ctx / n_seq positions (llama-server's split, -np)
 
     @classmethod
-    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool) -> ContextSettings:
+    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1) -> ContextSettings:
         n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
         n_ubatch = cfg.n_ubatch
         if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
@@ -36,19 +37,51 @@ class ContextSettings:
             log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
             n_ubatch = n_rs + 2
         kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
-        return cls(cfg.n_ctx or n_ctx_train, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv)
+        n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
+        return cls(n_ctx, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv, n_seq)
 
 
 @dataclass
 class Contexts:
-    """The target context for one set of context settings, and one drafter per spec type on it."""
+    """The target context for one set of context settings, and one drafter per spec type and
+    sequence on it."""
 
     key: ContextSettings
     target: lx.Context
-    n_ctx: int  # usable positions (the smallest of the request and every context's actual size)
-    drafters: dict[str, Drafter] = field(default_factory=dict)
-    held: Optional[Held] = None  # what the last generation left in the target's memory
+    n_ctx: int  # usable positions per sequence (the smallest of the request and every context's actual size)
+    drafters: dict[tuple[str, int], Drafter] = field(default_factory=dict)
+    held: dict[int, Held] = field(default_factory=dict)  # by sequence: what its last generation left in memory
     costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
+
+    @classmethod
+    def create(cls, model: lx.Model, key: ContextSettings) -> Contexts:
+        tgt = lx.create_context(
+            model,
+            n_ctx=key.n_ctx,
+            n_batch=key.n_batch,
+            n_threads=key.n_threads,
+            n_rs_seq=key.n_rs_seq,
+            n_seq_max=key.n_seq,
+            kv=key.kv,
+        )
+        return cls(key, tgt, min(key.n_ctx // key.n_seq, lx.n_ctx_seq(tgt)))
+
+    def drafter(self, cls: type[Drafter], seq: int, models: Models) -> Drafter:
+        """The drafter of `cls` following sequence `seq` on these contexts, created once (a chain
+        from its members' own)."""
+        d = self.drafters.get((cls.name, seq))
+        if d is None:
+            if issubclass(cls, Chain):
+                d = cls([self.drafter(m, seq, models) for m in cls.members])
+            else:
+                k = self.key
+                plan = ContextPlan(self.target, k.n_ctx, k.n_batch, k.n_threads, k.kv, self.costs, seq, k.n_seq)
+                d = cls.create(models, plan)
+            d.seq = seq
+            self.drafters[(cls.name, seq)] = d
+            if d.n_ctx is not None:
+                self.n_ctx = min(self.n_ctx, d.n_ctx)
+        return d
 
     def close(self) -> None:
         for d in self.drafters.values():

@@ -74,8 +74,9 @@ class VerifyLoop:
         verify_sampled: VerifySampled,
         eog_tokens: Sequence[int] = (),  # the model's (Runtime.eog_tokens), read with --ignore-eos
         costs: Optional[StepCosts] = None,  # what verify passes cost here: each one is measured into it
+        seq: int = 0,  # the sequence (slot) it runs in: the drafter follows the same one
     ):
-        self.model, self.tgt, self.drafter, self.policy = model, tgt, drafter, policy
+        self.model, self.tgt, self.drafter, self.policy, self.seq = model, tgt, drafter, policy, seq
         self.stats, self.pieces, self.verify_sampled = stats, pieces, verify_sampled
         self.costs = costs if costs is not None else StepCosts()
         self.n_ctx, self.n_max, self.n_min = n_ctx, stats.n_max, cfg.draft_n_min
@@ -84,7 +85,7 @@ class VerifyLoop:
         self.chooser = Chooser(model, cfg, eog_tokens, verify_sampled)
         self.is_eog = lx.eog_checker(model)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1))
+        self.vb = lx.Batch(max(lx.n_batch(tgt), self.n_max + 1), seq_id=seq)
         self.t_consumer = 0.0
         self.emitted = self.step = self.n_past = self.id_last = 0
         self.k = self.a = -1  # drafted / accepted by the last step (-1: before the first)
@@ -141,10 +142,10 @@ class VerifyLoop:
         tgt, vb, d = self.tgt, self.vb, self.drafter
         keep = reuse.keep if reuse else 0
         if reuse is None:
-            lx.memory_clear(tgt)
+            lx.memory_seq_clear(tgt, self.seq)
             d.begin(prompt)
         else:
-            if reuse.rewound and not lx.memory_seq_rm(tgt, 0, keep, -1):
+            if reuse.rewound and not lx.memory_seq_rm(tgt, self.seq, keep, -1):
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
@@ -257,7 +258,7 @@ class VerifyLoop:
                 st.drafted_at[i] += 1
             for i in range(a):
                 st.accepted_at[i] += 1
-            if a < k and not lx.memory_seq_rm(self.tgt, 0, self.n_past + a + 1, -1):
+            if a < k and not lx.memory_seq_rm(self.tgt, self.seq, self.n_past + a + 1, -1):
                 raise LlamaError(
                     f"the target context refused to roll back {k - a} positions (n_rs_seq {lx.n_rs_seq(self.tgt)})"
                 )

@@ -31,7 +31,7 @@ from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig, LoadConfig, Placement
 from mtp_cli.contexts import Contexts, ContextSettings
-from mtp_cli.drafters import ContextPlan, Drafter, Models
+from mtp_cli.drafters import Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
 from mtp_cli.loop import VerifyLoop
@@ -69,6 +69,7 @@ class Runtime:
         self.spec = spec  # the drafter class it was loaded for
         self._owned: list[lx.Model] = []
         self._ctx: Optional[Contexts] = None
+        self._live: set[int] = set()  # sequences whose generation runs (has started and not ended)
         self.stats: Optional[GenStats] = None
         self.file = open_model_file(self.model_path, "model")
         if self.file.arch in ASSISTANT_ARCHS:
@@ -228,44 +229,27 @@ class Runtime:
 
     # -- contexts ------------------------------------------------------------------------------
 
-    def contexts(self, cfg: GenConfig, cls: Optional[type[Drafter]] = None) -> tuple[Contexts, Drafter]:
+    def contexts(self, cfg: GenConfig, cls: Optional[type[Drafter]] = None, seq: int = 0) -> tuple[Contexts, Drafter]:
         """The target context for cfg's settings (re-created when they change) and the drafter for
-        cfg.spec_type (`cls`, when the caller looked it up) on it (created once per target
-        context), configured for cfg."""
+        cfg.spec_type (`cls`, when the caller looked it up) following sequence `seq` on it (created
+        once per target context), configured for cfg."""
         cls = cls or drafters.get(cfg.spec_type)
-        key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.drafts)
+        n_seq = self.config.n_parallel
+        if not 0 <= seq < n_seq:
+            raise ConfigError(f"sequence {seq} is not one of this runtime's {n_seq} (`n_parallel`)")
+        key = ContextSettings.of(cfg, lx.model_n_ctx_train(self.model), self.recurrent, cls.drafts, n_seq)
         if self._ctx is not None and self._ctx.key != key:
+            if self._live:
+                raise ConfigError(f"the context settings cannot change while sequence {min(self._live)} generates")
             self.close_contexts()
         if self._ctx is None:
             self._check_kv(cfg, any(m.drafts_with_model for m in drafters.members(cls)))
-            tgt = lx.create_context(
-                self.model,
-                n_ctx=key.n_ctx,
-                n_batch=key.n_batch,
-                n_threads=key.n_threads,
-                n_rs_seq=key.n_rs_seq,
-                kv=key.kv,
-            )
-            self._ctx = Contexts(key, tgt, min(key.n_ctx, lx.n_ctx(tgt)))
+            self._ctx = Contexts.create(self.model, key)
         c = self._ctx
-        d = self._drafter(c, cls)
+        d = c.drafter(cls, seq, self.models)
         d.configure(cfg)
         lx.set_embeddings_nextn(c.target, cls.target_h, False)  # the target computes h rows only for who reads them
         return c, d
-
-    def _drafter(self, c: Contexts, cls: type[Drafter]) -> Drafter:
-        """The drafter of `cls` on these contexts, created once (a chain from its members' own)."""
-        d = c.drafters.get(cls.name)
-        if d is None:
-            if issubclass(cls, drafters.Chain):
-                d = cls([self._drafter(c, m) for m in cls.members])
-            else:
-                plan = ContextPlan(c.target, c.key.n_ctx, c.key.n_batch, c.key.n_threads, c.key.kv, c.costs)
-                d = cls.create(self.models, plan)
-            c.drafters[cls.name] = d
-            if d.n_ctx is not None:
-                c.n_ctx = min(c.n_ctx, d.n_ctx)
-        return d
 
     def _check_kv(self, cfg: GenConfig, drafting_file: bool) -> None:
         """Refuse, naming the setting, KV cache types llama.cpp would not create a context with (for
@@ -287,6 +271,7 @@ class Runtime:
         *,
         policy: Optional[DraftPolicy] = None,
         reuse: bool = False,
+        seq: int = 0,
     ) -> Generation:
         """Validate, then return the Generation (iterate it for TokenEvents; its `stats`, also
         `self.stats`, are live and final once it ends). A KeyboardInterrupt while generating ends it
@@ -294,8 +279,11 @@ class Runtime:
         "interrupted". `policy` chooses N per step (at most its n_max, which then sizes the
         contexts); without one N is config.draft_n_max. `reuse`: the longest prefix the prompt
         shares with what the last generation left in memory is kept, only the rest decoded
-        (stats.n_cached says how many; mtp_cli.memory)."""
+        (stats.n_cached says how many; mtp_cli.memory). `seq`: the sequence (slot, 0..n_parallel-1)
+        it runs in; generations in different sequences may be iterated in turn."""
         self._require_open()
+        if seq in self._live:
+            raise ConfigError(f"sequence {seq} is generating: end that generation first")
         cls, cfg = drafters.checked(config)
         if not cls.drafts:
             policy = None  # (plain decoding drafts nothing: a policy would learn from it wrongly)
@@ -315,13 +303,13 @@ class Runtime:
             )
         prompt = self._checked_prompt(prompt_tokens)
         self._check_choice(cfg)
-        ctxs, d = self.contexts(cfg, cls)
+        ctxs, d = self.contexts(cfg, cls, seq)
         if len(prompt) > ctxs.n_ctx:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the context holds {ctxs.n_ctx} (`n_ctx`)")
         n_max = cfg.draft_n_max if cls.drafts else 0
         if d.n_max_limit is not None:
             n_max = min(n_max, d.n_max_limit)
-        held, ctxs.held = ctxs.held, None  # (until the new generation ends, the memory is in flux)
+        held = ctxs.held.pop(seq, None)  # (until the new generation ends, the memory is in flux)
         kept = held.reuse(prompt, d, self.recurrent) if reuse and held is not None else None
         stats = GenStats(
             spec_type=cfg.spec_type,
@@ -333,7 +321,7 @@ class Runtime:
         )
         self.stats = stats
         policy = policy if policy is not None else DraftPolicy(n_max)
-        return Generation(self._run(prompt, kept, cfg, ctxs, d, policy, stats), stats)
+        return Generation(self._run(prompt, kept, cfg, ctxs, d, policy, stats, seq), stats)
 
     def _run(
         self,
@@ -344,8 +332,11 @@ class Runtime:
         d: Drafter,
         policy: DraftPolicy,
         stats: GenStats,
+        seq: int,
     ) -> Generator[TokenEvent, None, GenStats]:
         """The loop, built when the generator starts (nothing is allocated for one never run)."""
+        if seq in self._live:
+            raise ConfigError(f"sequence {seq} is generating: end that generation first")
         eog = self.eog_tokens if cfg.ignore_eos else ()
         loop = VerifyLoop(
             self.model,
@@ -359,12 +350,15 @@ class Runtime:
             self._verify_sampled,
             eog,
             ctxs.costs,
+            seq,
         )
+        self._live.add(seq)
         try:
             return (yield from loop.run(prompt, kept))
         finally:  # (one interrupted inside a decode leaves a memory not known)
+            self._live.discard(seq)
             if (stats.finished or loop.suspended) and loop.decoded:
-                ctxs.held = Held(loop.decoded, d, loop.asleep)
+                ctxs.held[seq] = Held(loop.decoded, d, loop.asleep)
 
     def _check_choice(self, cfg: GenConfig) -> None:
         """Refuse, naming the setting, a bias on a token outside the vocabulary or a grammar llama.cpp

@@ -111,8 +111,8 @@ def check_prefix_reuse(rt: Runtime, cfg: GenConfig, sleep: bool = False) -> None
     assert rt.stats.n_cached == (0 if rt.recurrent else len(p1) - 1) and again == out1
     list(rt.generate(p1 + out1 + rt.tokenize(" world", add_special=False), cfg, policy=pol(), reuse=True))
     for edited in (p1[:-2] + rt.tokenize(" a a hello", add_special=False), p1[:3]):
-        assert rt._ctx is not None and rt._ctx.held is not None
-        held = rt._ctx.held.tokens
+        assert rt._ctx is not None and 0 in rt._ctx.held
+        held = rt._ctx.held[0].tokens
         got = [ev.token for ev in rt.generate(edited, cfg, reuse=True)]
         want = 0 if rt.recurrent else min(len(edited) - 1, common_prefix(held, edited))
         assert rt.stats.n_cached == want and (rt.recurrent or want >= 2), (cfg.spec_type, edited)

@@ -118,7 +118,7 @@ def test_draft_model_parity_every_n(models, arch, draft_arch, record_property):
         acc, _ = _parity_sweep(
             rt, s["trunk"], prompt, "draft", f"{arch} draft={draft_arch} (perturbed 35%)", record_property
         )
-        drafter = rt._ctx.drafters["draft"]  # type: ignore[union-attr]
+        drafter = rt._ctx.drafters["draft", 0]  # type: ignore[union-attr]
         assert isinstance(drafter, ModelDrafter) and drafter.recurrent == (draft_arch == "qwen35")
     assert 0.2 < acc < 0.95
 
@@ -303,7 +303,7 @@ def test_chained_heads_parity(tmp_path, record_property):
                 assert rt.stats.n_max == min(n, 3)  # one head per draft step
                 if n >= 3:
                     assert rt.stats.drafted_at[2] > 0 and rt.stats.accepted_at[1] > 0
-        assert isinstance(rt._ctx.drafters["mtp"], MtpDrafter) and rt._ctx.drafters["mtp"].chain  # type: ignore[union-attr]
+        assert isinstance(rt._ctx.drafters["mtp", 0], MtpDrafter) and rt._ctx.drafters["mtp", 0].chain  # type: ignore[union-attr]
         for sleep in (False, True):  # every head drops its rows past a kept prefix
             check_prefix_reuse(rt, greedy(spec_type="mtp", draft_n_max=3, n_predict=10), sleep)
     assert 0.2 < acc < 0.95
@@ -512,7 +512,7 @@ def test_later_drafts_read_their_own_rows_hidden_state(models, arch, known):
     with _as_recorded(arch, known), Runtime.load(s["full"], spec_type="mtp") as rt:
         prompt = rt.tokenize(PROMPT)
         later = sum(_check_against_reference(s["full"], rt, prompt, n, chain=False) for n in (1, 2, 3, 4))
-        assert rt._ctx is not None and rt._ctx.drafters["mtp"].all_outputs is not known  # type: ignore[attr-defined]
+        assert rt._ctx is not None and rt._ctx.drafters["mtp", 0].all_outputs is not known  # type: ignore[attr-defined]
     assert later > 20
 
 

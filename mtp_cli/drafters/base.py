@@ -86,6 +86,8 @@ class ContextPlan:
     n_threads: Optional[int]
     kv: Optional[lx.KvOptions] = None  # the target's KV cache settings, for a drafter's own context
     costs: Optional[StepCosts] = None  # what verify passes cost on this target (the loop measures them)
+    seq: int = 0  # the sequence (slot) the drafter follows, in the target's context and its own
+    n_seq: int = 1  # sequences the target context holds (a drafter's own context holds as many)
 
 
 class Drafter:
@@ -108,6 +110,7 @@ class Drafter:
     #: True if it sizes its own drafts (up to the step's limit: the room left, draft_n_max), so the
     #: policy's N does not apply to it (the text lookup)
     self_sized: ClassVar[bool] = False
+    seq: int = 0  # the sequence it follows (ContextPlan.seq): every batch row and memory edit it makes
 
     #: a hard cap on the draft length from the drafter itself (chained heads: one per head)
     n_max_limit: Optional[int] = None
@@ -183,9 +186,17 @@ class DraftRows:
     how many draft rows past it the context holds) and the confidence pick over the target's
     vocabulary (--spec-draft-p-min)."""
 
-    def __init__(self, ctx: lx.Context, n_vocab: int, n_vocab_target: int, flush: Callable[[], None], n_embd: int = 0):
+    def __init__(
+        self,
+        ctx: lx.Context,
+        n_vocab: int,
+        n_vocab_target: int,
+        flush: Callable[[], None],
+        n_embd: int = 0,
+        seq: int = 0,
+    ):
         self.ctx = ctx
-        self.batch = lx.Batch(lx.n_batch(ctx), n_embd)
+        self.batch = lx.Batch(lx.n_batch(ctx), n_embd, seq)
         self.n_vocab, self.n_vocab_target = int(n_vocab), int(n_vocab_target)
         self.flush = flush
         self.p_min = 0.0
@@ -229,9 +240,10 @@ class HeadProbe:
         all_outputs: bool,
         shares_memory: bool,
         n_rows: int,
+        seq: int = 0,
     ):
-        self.ctx, self.pending_h, self.all_outputs = ctx, pending_h, all_outputs
-        self.batch = lx.Batch(n_rows, n_embd)
+        self.ctx, self.pending_h, self.all_outputs, self.seq = ctx, pending_h, all_outputs, seq
+        self.batch = lx.Batch(n_rows, n_embd, seq)
         self.shares_memory = shares_memory  # no catch-up rows: a step's first decode has one row
 
     def decode(self, tokens: Sequence[int], pos: int) -> float:
@@ -249,7 +261,7 @@ class HeadProbe:
     def reset(self, pos: int) -> None:
         """Drop the probe's rows from pos on."""
         if not self.shares_memory:
-            lx.memory_seq_rm(self.ctx, 0, pos, -1)
+            lx.memory_seq_rm(self.ctx, self.seq, pos, -1)
 
 
 def check_same_vocab(target: lx.Model, draft: lx.Model, target_file: GGUFFile, draft_file: GGUFFile) -> None:

@@ -42,17 +42,25 @@ class ModelDrafter(Drafter):
         n_vocab_target: int,
         p_min: float = 0.0,
         kv: Optional[lx.KvOptions] = None,
+        seq: int = 0,
+        n_seq: int = 1,
     ):
         super().__init__()
-        self.model = model
+        self.model, self.seq = model, seq
         self.ctx = lx.create_context(
-            model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv=kv, n_outputs_max=DRAFT_N_OUTPUTS
+            model,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=n_threads,
+            kv=kv,
+            n_outputs_max=DRAFT_N_OUTPUTS,
+            n_seq_max=n_seq,
         )
         self.recurrent = lx.model_has_recurrent_state(model)
-        self.ckpt = lx.SeqCheckpoint(self.ctx) if self.recurrent else None
-        self.rows = DraftRows(self.ctx, lx.n_vocab(model), n_vocab_target, self._flush)
+        self.ckpt = lx.SeqCheckpoint(self.ctx, seq) if self.recurrent else None
+        self.rows = DraftRows(self.ctx, lx.n_vocab(model), n_vocab_target, self._flush, seq=seq)
         self.rows.p_min = float(p_min)
-        self.n_ctx = lx.n_ctx(self.ctx)
+        self.n_ctx = lx.n_ctx_seq(self.ctx)
 
     @classmethod
     def check_files(cls, target: GGUFFile, draft: Optional[GGUFFile]) -> None:
@@ -81,13 +89,15 @@ class ModelDrafter(Drafter):
             n_threads=plan.n_threads,
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
+            seq=plan.seq,
+            n_seq=plan.n_seq,
         )
 
     def configure(self, cfg: GenConfig) -> None:
         self.rows.p_min = float(cfg.draft_p_min)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        lx.memory_clear(self.ctx)
+        lx.memory_seq_clear(self.ctx, self.seq)
         self.rows.batch.clear()
         self.rows.n_extra = 0
 
@@ -126,7 +136,7 @@ class ModelDrafter(Drafter):
             if self.ckpt is not None:
                 self.ckpt.restore()
                 keep = 0
-            if not lx.memory_seq_rm(self.ctx, 0, pos + 1 + keep, -1):
+            if not lx.memory_seq_rm(self.ctx, self.seq, pos + 1 + keep, -1):
                 raise lx.LlamaError(f"draft context refused to roll back to position {pos + keep}")
         self.rows.n_extra = 0
         if n_accepted > keep:

@@ -72,9 +72,11 @@ class MtpDrafter(Drafter):
         n_vocab_target: int,
         kv: Optional[lx.KvOptions] = None,
         nextn_h: NextnH = None,
+        seq: int = 0,
+        n_seq: int = 1,
     ):
         super().__init__()
-        self.tgt = target_ctx
+        self.tgt, self.seq = target_ctx, seq
         self.ctx = lx.create_context(
             head_model,
             n_ctx=n_ctx,
@@ -85,15 +87,16 @@ class MtpDrafter(Drafter):
             ctx_other=target_ctx,
             n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
             n_rs_seq=0,
+            n_seq_max=n_seq,
         )
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
         # head: h rows for output rows only, or for every row where its graph keeps them all (MERGE_ROWS)
         lx.set_embeddings_nextn(self.ctx, True, nextn_h != "all_rows")
         self.all_outputs = nextn_h is None
         self.E = lx.n_embd_out(head_model)
-        self.n_ctx = lx.n_ctx(self.ctx)
+        self.n_ctx = lx.n_ctx_seq(self.ctx)
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
-        self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E)
+        self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E, seq)
         self.pending_h = np.zeros(self.E, dtype=np.float32)  # target h row of the position before id_last
         try:
             self._check_context()
@@ -160,6 +163,8 @@ class MtpDrafter(Drafter):
             n_threads=plan.n_threads,
             kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
+            seq=plan.seq,
+            n_seq=plan.n_seq,
             # (a shared one decodes one row at a time: as if the graph's h were the output rows')
             nextn_h="output_rows" if shared else nextn_h_of((models.draft_file or models.target_file).arch),
         )
@@ -176,7 +181,7 @@ class MtpDrafter(Drafter):
             self.rows.batch.clear()
 
     def begin(self, prompt: Sequence[int]) -> None:
-        lx.memory_clear(self.ctx)
+        lx.memory_seq_clear(self.ctx, self.seq)
         self.rows.batch.clear()
         self.pending_h[:] = 0.0
         self.rows.n_extra = 0
@@ -193,8 +198,8 @@ class MtpDrafter(Drafter):
         row at keep pairs with no h (the target's row of keep-1 went with an earlier batch)."""
         self.catch_up()
         if asleep:
-            lx.memory_clear(self.ctx, data=False)
-        elif not lx.memory_seq_rm(self.ctx, 0, keep, -1):
+            lx.memory_seq_clear(self.ctx, self.seq, data=False)
+        elif not lx.memory_seq_rm(self.ctx, self.seq, keep, -1):
             raise LlamaError("MTP context refused to drop its rows past the kept prompt")
         self.rows.n_extra = 0
         self.pending_h[:] = 0.0
@@ -219,7 +224,7 @@ class MtpDrafter(Drafter):
         """Resume cold after skipped steps: the head's memory starts over at `pos`, its first draft row
         paired with the target's h row of pos-1 (row `row` of its last decode, which a lookup may have
         drafted), or none."""
-        lx.memory_clear(self.ctx, data=False)
+        lx.memory_seq_clear(self.ctx, self.seq, data=False)
         self.rows.batch.clear()
         self.rows.n_extra = 0
         self._last_h(h, row)
@@ -241,7 +246,7 @@ class MtpDrafter(Drafter):
         """Drop the draft-paired rows; queue the accepted drafts with the target's h rows."""
         pos = self.rows.pos
         if self.rows.n_extra:
-            if not lx.memory_seq_rm(self.ctx, 0, pos + 1, -1):
+            if not lx.memory_seq_rm(self.ctx, self.seq, pos + 1, -1):
                 raise LlamaError("MTP context refused to drop its draft rows")
             self.rows.n_extra = 0
         if n_accepted:
@@ -253,7 +258,7 @@ class MtpDrafter(Drafter):
 
     def cost_probe(self, n_rows: int) -> HeadProbe:
         """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""
-        return HeadProbe(self.ctx, self.E, self.pending_h, self.all_outputs, self.mem_shared, n_rows)
+        return HeadProbe(self.ctx, self.E, self.pending_h, self.all_outputs, self.mem_shared, n_rows, self.seq)
 
 
 class OwnKvHead(MtpDrafter):
@@ -296,7 +301,7 @@ class ChainedHeads(MtpDrafter):
         super().__init__(*args, **kwargs)
         self.n_max_limit = self.n_heads
         self.chain_h = np.zeros((self.n_heads + 1, self.E), dtype=np.float32)
-        self.chain_batch = lx.Batch(self.n_heads + 1, self.E)
+        self.chain_batch = lx.Batch(self.n_heads + 1, self.E, self.seq)
 
     def catch_up(self) -> None:
         b = self.rows.batch
@@ -304,7 +309,7 @@ class ChainedHeads(MtpDrafter):
             return
         first = int(b.pos[0])
         for head in range(self.n_heads):  # (KV cells are shared: each head re-decodes its own)
-            lx.memory_seq_rm(self.ctx, 0, first, -1)
+            lx.memory_seq_rm(self.ctx, self.seq, first, -1)
             lx.set_nextn_layer_offset(self.ctx, head)
             self._decode(self.ctx, b)
         lx.set_nextn_layer_offset(self.ctx, 0)
@@ -327,7 +332,7 @@ class ChainedHeads(MtpDrafter):
         self.chain_h[0] = self.pending_h
         out: list[int] = []
         for i in range(min(n_max, self.n_heads)):
-            lx.memory_seq_rm(self.ctx, 0, pos, -1)
+            lx.memory_seq_rm(self.ctx, self.seq, pos, -1)
             lx.set_nextn_layer_offset(self.ctx, i)
             cb.clear()
             toks = [id_last] + out
@@ -342,7 +347,7 @@ class ChainedHeads(MtpDrafter):
             np.copyto(self.chain_h[len(out)], lx.get_embeddings_nextn_ith(self.ctx, i_last, copy=False, n_embd=self.E))
         lx.set_nextn_layer_offset(self.ctx, 0)
         # every head's layer now holds rows at pos..: drop them, the catch-up re-feeds id_last
-        lx.memory_seq_rm(self.ctx, 0, pos, -1)
+        lx.memory_seq_rm(self.ctx, self.seq, pos, -1)
         self.rows.batch.add(id_last, pos, h=self.pending_h)
         return out
 

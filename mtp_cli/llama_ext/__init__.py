@@ -26,7 +26,9 @@ from mtp_cli.llama_ext.decode import (
     logits_ith,
     logits_rows,
     memory_clear,
+    memory_seq_clear,
     memory_seq_rm,
+    n_ctx_seq,
 )
 from mtp_cli.llama_ext.devices import Device, devices
 from mtp_cli.llama_ext.grammar import JSON_GRAMMAR, Grammar, json_schema_grammar
@@ -95,6 +97,8 @@ __all__ = [
     "logits_ith",
     "logits_rows",
     "memory_clear",
+    "memory_seq_clear",
+    "n_ctx_seq",
     "memory_seq_rm",
     "CTX_TYPE_MTP",
     "CTX_TYPE_TARGET",

@@ -19,10 +19,11 @@ logits_address = address_getter(_C.llama_get_logits)
 class Batch:
     """A llama_batch whose arrays are owned by numpy: tokens, and optionally one h row per token
     (the MTP context's input: token x_p plus the target's h row of position p-1). One sequence
-    id per token. Never passed to llama_batch_free."""
+    id per token (`seq_id` unless an add says otherwise). Never passed to llama_batch_free."""
 
-    def __init__(self, capacity: int, n_embd: int = 0):
+    def __init__(self, capacity: int, n_embd: int = 0, seq_id: int = 0):
         self.capacity = int(capacity)
+        self.seq_id = int(seq_id)
         self.n_embd = int(n_embd)
         self.tokens = np.zeros(self.capacity, dtype=np.int32)
         self.pos = np.zeros(self.capacity, dtype=np.int32)
@@ -40,7 +41,13 @@ class Batch:
         self.n_tokens = 0
 
     def add_many(
-        self, tokens: Any, pos0: int, *, seq_id: int = 0, logits_last: bool = False, h: Optional[np.ndarray] = None
+        self,
+        tokens: Any,
+        pos0: int,
+        *,
+        seq_id: Optional[int] = None,
+        logits_last: bool = False,
+        h: Optional[np.ndarray] = None,
     ) -> int:
         """Append len(tokens) tokens at positions pos0, pos0+1, ... (vectorised); `h` is a
         (len(tokens), n_embd) block iff the batch carries h rows. Only the last appended token
@@ -53,7 +60,7 @@ class Batch:
             raise LlamaError(f"batch capacity {self.capacity} exceeded")
         self.tokens[k : k + n] = tokens
         self.pos[k : k + n] = np.arange(pos0, pos0 + n, dtype=np.int32)
-        self.seq_ids[k : k + n] = seq_id
+        self.seq_ids[k : k + n] = self.seq_id if seq_id is None else seq_id
         self.logits[k : k + n] = 0
         if logits_last:
             self.logits[k + n - 1] = 1
@@ -65,7 +72,13 @@ class Batch:
         return k + n - 1
 
     def add(
-        self, token: int, pos: int, *, seq_id: int = 0, logits: bool = False, h: Optional[np.ndarray] = None
+        self,
+        token: int,
+        pos: int,
+        *,
+        seq_id: Optional[int] = None,
+        logits: bool = False,
+        h: Optional[np.ndarray] = None,
     ) -> int:
         """Append one token; returns its batch index. `h` (length n_embd) is required iff the
         batch was created with n_embd > 0."""
@@ -74,7 +87,7 @@ class Batch:
             raise LlamaError(f"batch capacity {self.capacity} exceeded")
         self.tokens[k] = token
         self.pos[k] = pos
-        self.seq_ids[k] = seq_id
+        self.seq_ids[k] = self.seq_id if seq_id is None else seq_id
         self.logits[k] = 1 if logits else 0
         if self.n_embd:
             if h is None:
@@ -147,6 +160,21 @@ def memory_clear(ctx: Context, data: bool = True) -> None:
     seq_id=-1 is refused by recurrent/hybrid memory (qwen35); use this or a concrete seq id.
     data=False only marks the cells free (no zeroing of the buffers: cheaper)."""
     _C.llama_memory_clear(_C.llama_get_memory(ctx), bool(data))
+
+
+def memory_seq_clear(ctx: Context, seq_id: int, data: bool = True) -> None:
+    """Drop one sequence: the whole memory where the context holds one (memory_clear), else that
+    sequence's cells and state only."""
+    if int(_C.llama_n_seq_max(ctx)) <= 1:
+        memory_clear(ctx, data)
+    elif not memory_seq_rm(ctx, seq_id, -1, -1):
+        raise LlamaError(f"the context refused to drop sequence {seq_id}")
+
+
+def n_ctx_seq(ctx: Context) -> int:
+    """Positions one sequence may hold (the context's size split per sequence, as llama.cpp does
+    unless its KV cache is unified)."""
+    return int(_C.llama_n_ctx_seq(ctx))
 
 
 STATE_PARTIAL_ONLY: int = int(_C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)

@@ -155,8 +155,8 @@ def create_context(
         params.n_rs_seq = int(n_rs_seq)
     elif n_rs_seq:
         raise LlamaError("this llama.cpp build has no n_rs_seq context parameter")
-    if _HAS_N_OUTPUTS_MAX and n_outputs_max:
-        params.n_outputs_max = int(n_outputs_max)
+    if _HAS_N_OUTPUTS_MAX and n_outputs_max:  # (at least one per sequence: llama.cpp aborts otherwise)
+        params.n_outputs_max = max(int(n_outputs_max), int(n_seq_max))
     if ctx_other is not None:
         params.ctx_other = ctx_other._as_parameter_
     ctx = _C.llama_init_from_model(model, params)

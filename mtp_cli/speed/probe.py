@@ -37,9 +37,9 @@ class _Probe:
     """One measurement: a target context holding the prompt, the head's probe, the samples so far."""
 
     def __init__(self, rt: Runtime, d: MtpDrafter, tgt: lx.Context, prompt: list[int], n_max: int, reps: int):
-        self.rt, self.tgt, self.n_max, self.reps = rt, tgt, n_max, reps
+        self.rt, self.tgt, self.n_max, self.reps, self.seq = rt, tgt, n_max, reps, d.seq
         self.toks = [prompt[i % len(prompt)] for i in range(n_max + 1)]
-        self.b = lx.Batch(max(lx.n_batch(tgt), n_max + 1))
+        self.b = lx.Batch(max(lx.n_batch(tgt), n_max + 1), seq_id=d.seq)
         self.head: HeadProbe = d.cost_probe(n_max + 1)
         self.plain: list[float] = []
         self.verify: list[list[float]] = [[] for _ in range(n_max + 1)]
@@ -50,7 +50,7 @@ class _Probe:
         self.pos = self.p_end = self.dpos = len(prompt)
 
     def _prefill(self, d: MtpDrafter, prompt: list[int]) -> None:
-        lx.memory_clear(self.tgt)
+        lx.memory_seq_clear(self.tgt, self.seq)
         d.begin(prompt)
         lx.set_embeddings_nextn(self.tgt, True, False)
         decode_prompt(self.tgt, self.b, d, prompt)  # (the loop's own)
@@ -59,7 +59,7 @@ class _Probe:
     def rewind(self) -> None:
         """Decode cost grows with the position: measure every block from the prompt's end."""
         if not self.rt.recurrent:  # (a recurrent state cannot roll back that far; its cost hardly depends on pos)
-            lx.memory_seq_rm(self.tgt, 0, self.p_end, -1)
+            lx.memory_seq_rm(self.tgt, self.seq, self.p_end, -1)
             self.pos = self.p_end
 
     def plain_block(self) -> None:
@@ -87,7 +87,7 @@ class _Probe:
             lx.decode(self.tgt, self.b)
             if i:
                 self.verify[n].append(_now() - t)
-            if n and not lx.memory_seq_rm(self.tgt, 0, self.pos + 1, -1):
+            if n and not lx.memory_seq_rm(self.tgt, self.seq, self.pos + 1, -1):
                 raise LlamaError(f"the target context refused to roll back {n} positions while measuring")
             self.head_step(n)  # every sample timed: the head's shapes change every step anyway
             self.pos += 1
@@ -139,8 +139,8 @@ def measure_costs(
             for n in order[r % len(order) :] + order[: r % len(order)]:
                 probe.verify_block(n)
     finally:
-        lx.memory_clear(ctxs.target)
-        ctxs.held = None  # (the memory no longer holds what the last generation left)
+        lx.memory_seq_clear(ctxs.target, d.seq)
+        ctxs.held.pop(d.seq, None)  # (the memory no longer holds what the last generation left)
         d.begin([])
     return probe.result()
 
