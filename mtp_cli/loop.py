@@ -47,7 +47,7 @@ _now = time.perf_counter
 
 def decode_prompt(tgt: lx.Context, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
     """Decode prompt[keep:] into the target in n_batch chunks, logits on the last row; the drafter
-    follows each chunk (on_prefill). The loop's prefill, and the cost probe's."""
+    follows each chunk (on_prefill), as the loop's own fills do. The cost probe's prefill."""
     toks = np.asarray(prompt, dtype=np.int32)
     n_b = lx.n_batch(tgt)
     for p0 in range(keep, len(toks), n_b):
@@ -97,33 +97,22 @@ class VerifyLoop:
         self.suspended = False  # at a yield: a generation closed there leaves a known memory
 
     def run(self, prompt: Sequence[int], reuse: Optional[Reuse] = None) -> Generator[TokenEvent, None, GenStats]:
-        """`reuse`: what of the prompt the target already holds (only the rest is decoded)."""
+        """`reuse`: what of the prompt the target already holds (only the rest is decoded). One decode
+        of this loop's own rows at a time; a runner that batches several loops' rows calls begin,
+        fill and after itself (mtp_cli.slots)."""
         st = self.stats
         t_start = _now()
         try:
-            if self.n_predict == 0:
-                return self._stopped("n_predict")
-            first = self._prefill(prompt, reuse)
-            st.t_prompt = _now() - t_start
-            stop = yield from self._emit(first, "target", 0)
-            if st.stop_reason != "eog":
-                self.policy.can_sleep = self.drafter.can_sleep
-                self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
-            if stop:
+            if not self.begin(prompt, reuse):
                 return st
-            while (room := self._room()) > 0:
-                t_step = _now()
-                drafts = self._propose(room)
-                a, nxt = self._verify(drafts)
-                self._settle(drafts, a, nxt)
-                if drafts and self._self_sized_step():  # (not the policy's: its time is left out of its windows)
-                    self.policy.foreign(_now() - t_step)
-                for j in range(a):
-                    if (yield from self._emit(drafts[j], "draft", j)):
-                        return st
-                if (yield from self._emit(nxt, "target", a)):
+            while True:
+                self.vb.clear()
+                if not self.fill(self.vb):
                     return st
-            return st
+                t = _now()
+                lx.decode(self.tgt, self.vb)
+                if (yield from self.after(0, 0, _now() - t, observe=True)):
+                    return st
         except KeyboardInterrupt:
             return self._stopped("interrupted")
         except GeneratorExit:
@@ -134,12 +123,16 @@ class VerifyLoop:
         finally:
             self._finish(t_start)
 
-    # -- the steps -----------------------------------------------------------------------------
+    # -- the phases: begin once, then fill a batch / after its decode, until fill says done -------
 
-    def _prefill(self, prompt: Sequence[int], reuse: Optional[Reuse]) -> int:
-        """Decode the prompt (what the memory does not hold of it) in n_batch chunks (the drafter
-        follows each), sample the first token."""
-        tgt, vb, d = self.tgt, self.vb, self.drafter
+    def begin(self, prompt: Sequence[int], reuse: Optional[Reuse]) -> bool:
+        """Ready the memory for the prompt (what it does not hold of it is decoded by the first fills);
+        False when nothing is to be generated."""
+        self._t_begin = _now()
+        if self.n_predict == 0:
+            self._stopped("n_predict")
+            return False
+        tgt, d = self.tgt, self.drafter
         keep = reuse.keep if reuse else 0
         if reuse is None:
             lx.memory_seq_clear(tgt, self.seq)
@@ -150,12 +143,71 @@ class VerifyLoop:
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
         self._h_rows(True)
-        decode_prompt(tgt, vb, d, prompt, keep)
-        row = lx.logits_rows(tgt, 1, self.V)[0]
-        first = self.id_last = self.chooser.first(tgt, vb.n_tokens - 1, row, prompt)
+        self._prompt: Optional[np.ndarray] = np.asarray(prompt, dtype=np.int32)
+        self._p0 = keep
+        return True
+
+    @property
+    def prefilling(self) -> bool:
+        return self._prompt is not None
+
+    def fill(self, batch: lx.Batch) -> bool:
+        """Add this loop's rows for the next decode: a chunk of the prompt (as much as n_batch and the
+        batch's room take), or a step's [id_last, *drafts] (the caller leaves room for n_max + 1
+        rows). False: the generation is done (n_predict, a full context)."""
+        if self._prompt is not None:
+            toks, p0 = self._prompt, self._p0
+            n = min(lx.n_batch(self.tgt), batch.capacity - batch.n_tokens, len(toks) - p0)
+            self._chunk = toks[p0 : p0 + n]
+            batch.add_many(self._chunk, p0, seq_id=self.seq, logits_last=p0 + n >= len(toks))
+            return True
+        room = self._room()
+        if room <= 0:
+            return False
+        self._t_step = _now()
+        self._drafts = drafts = self._propose(room)
+        self.step += 1
+        batch.add(self.id_last, self.n_past, seq_id=self.seq, logits=True)
+        for i, tok in enumerate(drafts):
+            batch.add(tok, self.n_past + 1 + i, seq_id=self.seq, logits=True)
+        return True
+
+    def after(self, row0: int, out0: int, dt: float, observe: bool = False) -> Generator[TokenEvent, None, bool]:
+        """The decode ran, this loop's rows from batch row `row0` (output row `out0`): follow a prompt
+        chunk, or verify and settle the step; yield its tokens; True when the generation stops here.
+        observe: the decode held this loop's rows alone (its time is a verify cost of this machine)."""
+        self.drafter.h0 = row0
+        if self._prompt is not None:
+            return (yield from self._prefilled(row0, out0))
+        drafts = self._drafts
+        a, nxt = self._verify(drafts, row0, out0, dt, observe)
+        self._settle(drafts, a, nxt)
+        if drafts and self._self_sized_step():  # (not the policy's: its time is left out of its windows)
+            self.policy.foreign(_now() - self._t_step)
+        for j in range(a):
+            if (yield from self._emit(drafts[j], "draft", j)):
+                return True
+        return (yield from self._emit(nxt, "target", a))
+
+    def _prefilled(self, row0: int, out0: int) -> Generator[TokenEvent, None, bool]:
+        """A prompt chunk was decoded: the drafter follows it; after the last, the first token."""
+        prompt, chunk, d, st = self._prompt, self._chunk, self.drafter, self.stats
+        assert prompt is not None
+        d.on_prefill(chunk, self._p0)
+        self._p0 += len(chunk)
+        if self._p0 < len(prompt):
+            return False
+        self._prompt = None
+        row = lx.logits_rows(self.tgt, out0 + 1, self.V)[out0]
+        first = self.id_last = self.chooser.first(self.tgt, row0 + len(chunk) - 1, row, self.decoded)
         self.n_past = len(prompt)
         d.t_decode, d.n_decode = 0.0, 0  # the drafter's generation costs start now
-        return first
+        st.t_prompt = _now() - self._t_begin
+        stop = yield from self._emit(first, "target", 0)
+        if st.stop_reason != "eog":
+            self.policy.can_sleep = d.can_sleep
+            self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
+        return stop
 
     def _room(self) -> int:
         """Free positions for the next step (id_last needs one, each draft token one more); 0: stop."""
@@ -231,22 +283,15 @@ class VerifyLoop:
         edits = self.chooser.edits
         return [*self.decoded[-edits.last_n :], self.id_last] if edits.penalty is not None else ()
 
-    def _verify(self, drafts: list[int]) -> tuple[int, int]:
-        """One target decode of [id_last, *drafts]: (drafts accepted, the target's next token)."""
-        vb, st, k = self.vb, self.stats, len(drafts)
-        self.step += 1
-        vb.clear()
-        vb.add(self.id_last, self.n_past, logits=True)
-        for i, tok in enumerate(drafts):
-            vb.add(tok, self.n_past + 1 + i, logits=True)
-        t = _now()
-        lx.decode(self.tgt, vb)
-        dt = _now() - t
+    def _verify(self, drafts: list[int], row0: int, out0: int, dt: float, observe: bool) -> tuple[int, int]:
+        """(drafts accepted, the target's next token) from the decode of [id_last, *drafts]."""
+        st, k = self.stats, len(drafts)
         st.t_target_decode += dt
         st.n_verify += 1
-        self.costs.observe(k, dt)
-        rows = lx.logits_rows(self.tgt, k + 1, self.V)
-        return self.chooser.verify(self.tgt, rows, drafts, self._history())
+        if observe:
+            self.costs.observe(k, dt)
+        rows = lx.logits_rows(self.tgt, out0 + k + 1, self.V)[out0:]
+        return self.chooser.verify(self.tgt, rows, drafts, self._history(), row0)
 
     def _settle(self, drafts: list[int], a: int, nxt: int) -> None:
         """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""

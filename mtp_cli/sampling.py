@@ -28,6 +28,7 @@ class TokenSampler:
 
     def __init__(self, *, temp: float, top_k: int, top_p: float, min_p: float, seed: int):
         self.greedy = temp <= 0.0
+        self.base = 0  # the batch row of output row 0 (a decode may hold other sequences' rows first)
         self._chain: Optional[lx.Sampler] = None
         if not self.greedy:
             self._chain = lx.sampler_chain(
@@ -35,10 +36,10 @@ class TokenSampler:
             )
 
     def sample(self, ctx: lx.Context, i: int, row: np.ndarray) -> int:
-        """Token for batch index `i`; `row` is that index's logits view (used when greedy)."""
+        """Token for batch index `base + i`; `row` is that index's logits view (used when greedy)."""
         if self._chain is None:
             return int(row.argmax())
-        return lx.sampler_sample(self._chain, ctx, i)
+        return lx.sampler_sample(self._chain, ctx, self.base + i)
 
     def close(self) -> None:
         if self._chain is not None:
@@ -193,6 +194,7 @@ class Chooser:
 
     def first(self, ctx: lx.Context, index: int, row: np.ndarray, history: Sequence[int]) -> int:
         """The token from the prompt's one output row (batch index `index`)."""
+        self.sampler.base = 0
         if self.edits.active:
             self.edits.apply(row[None, :], history)
         tok = self._pick(ctx, index, row) if self.grammar else self.sampler.sample(ctx, index, row)
@@ -200,10 +202,11 @@ class Chooser:
         return tok
 
     def verify(
-        self, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int], history: Sequence[int]
+        self, ctx: lx.Context, rows: np.ndarray, drafts: Sequence[int], history: Sequence[int], row0: int = 0
     ) -> tuple[int, int]:
-        """(drafts accepted, the target's next token) over a verify batch's rows (history: the tokens
-        before row 0, for the penalties)."""
+        """(drafts accepted, the target's next token) over a verify batch's rows, from batch row `row0`
+        on (history: the tokens before row 0, for the penalties)."""
+        self.sampler.base = row0
         if self.edits.active:
             self.edits.apply(rows, history, drafts)
         if self.grammar is not None:

@@ -111,6 +111,7 @@ class Drafter:
     #: policy's N does not apply to it (the text lookup)
     self_sized: ClassVar[bool] = False
     seq: int = 0  # the sequence it follows (ContextPlan.seq): every batch row and memory edit it makes
+    h0: int = 0  # its sequence's first row in the target's last decode (the loop sets it: h rows are by batch row)
 
     #: a hard cap on the draft length from the drafter itself (chained heads: one per head)
     n_max_limit: Optional[int] = None

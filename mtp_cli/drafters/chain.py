@@ -72,6 +72,15 @@ class Chain(Drafter):
     # -- the protocol: every member in step, the first that proposes drafts ---------------------
 
     @property
+    def h0(self) -> int:
+        return self.parts[0].h0
+
+    @h0.setter
+    def h0(self, value: int) -> None:
+        for m in self.parts:
+            m.h0 = value
+
+    @property
     def t_decode(self) -> float:
         return sum(m.t_decode for m in self.parts)
 

@@ -61,33 +61,21 @@ class MtpDrafter(Drafter):
     mem_shared = False  # (SharedAssistant: it reads the target's KV)
     chain = False  # (ChainedHeads)
 
-    def __init__(
-        self,
-        head_model: lx.Model,
-        target_ctx: lx.Context,
-        *,
-        n_ctx: int,
-        n_batch: int,
-        n_threads: Optional[int],
-        n_vocab_target: int,
-        kv: Optional[lx.KvOptions] = None,
-        nextn_h: NextnH = None,
-        seq: int = 0,
-        n_seq: int = 1,
-    ):
+    def __init__(self, head_model: lx.Model, plan: ContextPlan, *, n_batch: int, n_vocab_target: int, nextn_h: NextnH):
+        """A head context beside the plan's target context (n_batch: its own), following plan.seq."""
         super().__init__()
-        self.tgt, self.seq = target_ctx, seq
+        self.tgt, self.seq = target_ctx, seq = plan.target, plan.seq
         self.ctx = lx.create_context(
             head_model,
-            n_ctx=n_ctx,
+            n_ctx=plan.n_ctx,
             n_batch=n_batch,
-            n_threads=n_threads,
-            kv=kv,
+            n_threads=plan.n_threads,
+            kv=plan.kv,
             ctx_type=lx.CTX_TYPE_MTP,
             ctx_other=target_ctx,
             n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
             n_rs_seq=0,
-            n_seq_max=n_seq,
+            n_seq_max=plan.n_seq,
         )
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
         # head: h rows for output rows only, or for every row where its graph keeps them all (MERGE_ROWS)
@@ -107,6 +95,10 @@ class MtpDrafter(Drafter):
     def _check_context(self) -> None:
         if self._shares_target() or lx.n_batch(self.ctx) < 2:  # (catch-up needs room for two rows)
             raise LlamaError(f"an MTP context of {lx.n_batch(self.ctx)}-row batches reading the target's memory")
+
+    def _target_h(self, n: int) -> np.ndarray:
+        """The h rows of this sequence's first n rows in the target's last decode (a view)."""
+        return lx.get_embeddings_nextn(self.tgt, self.h0 + n, copy=False, n_embd=self.E)[self.h0 :]
 
     def _shares_target(self) -> bool:
         return lx.reads_memory_of(self.ctx, self.tgt)
@@ -157,14 +149,9 @@ class MtpDrafter(Drafter):
         )
         return kind(
             head,
-            plan.target,
-            n_ctx=plan.n_ctx,
+            plan,
             n_batch=SHARED_N_BATCH if shared else plan.n_batch,
-            n_threads=plan.n_threads,
-            kv=plan.kv,
             n_vocab_target=lx.n_vocab(models.target),
-            seq=plan.seq,
-            n_seq=plan.n_seq,
             # (a shared one decodes one row at a time: as if the graph's h were the output rows')
             nextn_h="output_rows" if shared else nextn_h_of((models.draft_file or models.target_file).arch),
         )
@@ -206,7 +193,7 @@ class MtpDrafter(Drafter):
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         n = len(tokens)
-        h = lx.get_embeddings_nextn(self.tgt, n, copy=False, n_embd=self.E)
+        h = self._target_h(n)
         # position pos0+k pairs with h row pos0+k-1: pending_h, then this chunk's rows 0..n-2
         self.rows.enqueue(tokens[:1], pos0, self.pending_h[None, :], spare=1)
         if n > 1:
@@ -232,13 +219,12 @@ class MtpDrafter(Drafter):
     def _last_h(self, h: bool, row: int = 0) -> None:
         """pending_h: h row `row` of the target's last decode, or zeros when it computed none."""
         if h:
-            rows = lx.get_embeddings_nextn(self.tgt, row + 1, copy=False, n_embd=self.E)
-            np.copyto(self.pending_h, rows[row])
+            np.copyto(self.pending_h, self._target_h(row + 1)[row])
         else:
             self.pending_h[:] = 0.0
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
-        h = lx.get_embeddings_nextn(self.tgt, n_accepted + 1, copy=False, n_embd=self.E)  # verify rows 0..a
+        h = self._target_h(n_accepted + 1)  # verify rows 0..a
         self._keep(n_accepted, drafts, h)
         np.copyto(self.pending_h, h[n_accepted])
 
@@ -370,7 +356,7 @@ class SharedAssistant(MtpDrafter):
         self.pending_h[:] = 0.0
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
-        np.copyto(self.pending_h, lx.get_embeddings_nextn(self.tgt, len(tokens), copy=False, n_embd=self.E)[-1])
+        np.copyto(self.pending_h, self._target_h(len(tokens))[-1])
 
     def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
         self.rows.batch.clear()
