@@ -38,7 +38,8 @@ class ContextSettings:
             n_ubatch = n_rs + 2
         kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
         n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
-        return cls(n_ctx, max(cfg.n_batch, cfg.draft_n_max + 2), cfg.n_threads, n_rs, kv, n_seq)
+        n_batch = max(cfg.n_batch, cfg.draft_n_max + 2, n_seq * (cfg.draft_n_max + 1))  # (every slot's step fits)
+        return cls(n_ctx, n_batch, cfg.n_threads, n_rs, kv, n_seq)
 
 
 @dataclass

@@ -121,7 +121,7 @@ class VerifyLoop:
             st.stop_reason = "error"
             raise
         finally:
-            self._finish(t_start)
+            self.finish(t_start)
 
     # -- the phases: begin once, then fill a batch / after its decode, until fill says done -------
 
@@ -350,7 +350,8 @@ class VerifyLoop:
         self.stats.stop_reason = reason
         return self.stats
 
-    def _finish(self, t_start: float) -> None:
+    def finish(self, t_start: float) -> None:
+        """The generation ended (its stats completed, its policy and sampler told)."""
         st = self.stats
         if st.stop_reason is None:
             st.stop_reason = "interrupted"  # closed early by the consumer

@@ -18,15 +18,12 @@ import logging
 import os
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from gguf_tools.errors import BadFileError
-from gguf_tools.gguf_file import GGUFFile, open_gguf
-from gguf_tools.loadable import require_loadable
-from gguf_tools.loadable.kv_cache import kv_cache_problem
-from gguf_tools.names import ASSISTANT_ARCHS
+from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig, LoadConfig, Placement
@@ -36,6 +33,7 @@ from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
 from mtp_cli.loop import VerifyLoop
 from mtp_cli.memory import Held, Reuse
+from mtp_cli.model_files import check_kv, open_model_file, open_target_file
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import verify_sampled
 from mtp_cli.stats import Generation, GenStats, TokenEvent
@@ -43,15 +41,18 @@ from mtp_cli.stats import Generation, GenStats, TokenEvent
 log = logging.getLogger(__name__)
 
 
-def open_model_file(path: str | os.PathLike[str], role: str) -> GGUFFile:
-    """Bounds-checked header read, and the trunk's llama.cpp limits, before anything else looks at
-    the file (load_model checks the head's too, when it loads one)."""
-    try:
-        gf = open_gguf(path)
-        require_loadable(gf.scan, gf.path, mtp=False)
-        return gf
-    except BadFileError as e:
-        raise ModelFileError(f"{role}: {e}") from None
+@dataclass
+class Prepared:
+    """A generation checked and readied (Runtime.prepare): what its loop is built from."""
+
+    prompt: list[int]
+    kept: Optional[Reuse]
+    cfg: GenConfig
+    ctxs: Contexts
+    drafter: Drafter
+    policy: DraftPolicy
+    stats: GenStats
+    seq: int
 
 
 class Runtime:
@@ -71,16 +72,7 @@ class Runtime:
         self._ctx: Optional[Contexts] = None
         self._live: set[int] = set()  # sequences whose generation runs (has started and not ended)
         self.stats: Optional[GenStats] = None
-        self.file = open_model_file(self.model_path, "model")
-        if self.file.arch in ASSISTANT_ARCHS:
-            raise ModelFileError(
-                f"{self.model_path.name} is a {self.file.arch} drafter: give it as `draft_model` "
-                "(with `spec_type` mtp) and its target as the model"
-            )
-        if self.file.is_mtp_sidecar:
-            raise ModelFileError(
-                f"{self.model_path.name} is an MTP-only sidecar: give it as `draft_model` and the trunk as the model"
-            )
+        self.file = open_target_file(self.model_path)
         if self.draft_path is None and self._head_apart(spec, config.n_gpu_layers):
             self.draft_path = head_sidecar(self.file)  # (its own model: its own -ngld)
         self.draft_file = open_model_file(self.draft_path, "draft model") if self.draft_path else None
@@ -243,21 +235,14 @@ class Runtime:
                 raise ConfigError(f"the context settings cannot change while sequence {min(self._live)} generates")
             self.close_contexts()
         if self._ctx is None:
-            self._check_kv(cfg, any(m.drafts_with_model for m in drafters.members(cls)))
+            reads_draft = any(m.drafts_with_model for m in drafters.members(cls))
+            check_kv(cfg, self.file, self.draft_file if reads_draft else None)
             self._ctx = Contexts.create(self.model, key)
         c = self._ctx
         d = c.drafter(cls, seq, self.models)
         d.configure(cfg)
         lx.set_embeddings_nextn(c.target, cls.target_h, False)  # the target computes h rows only for who reads them
         return c, d
-
-    def _check_kv(self, cfg: GenConfig, drafting_file: bool) -> None:
-        """Refuse, naming the setting, KV cache types llama.cpp would not create a context with (for
-        the draft file too when the drafter in use reads it)."""
-        for gf in (self.file, self.draft_file if drafting_file else None):
-            why = kv_cache_problem(gf.scan, cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn) if gf else None
-            if gf and why:
-                raise ConfigError(f"{gf.path.name}: {why}")
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -280,7 +265,21 @@ class Runtime:
         contexts); without one N is config.draft_n_max. `reuse`: the longest prefix the prompt
         shares with what the last generation left in memory is kept, only the rest decoded
         (stats.n_cached says how many; mtp_cli.memory). `seq`: the sequence (slot, 0..n_parallel-1)
-        it runs in; generations in different sequences may be iterated in turn."""
+        it runs in; generations in different sequences may be iterated in turn (or batched:
+        mtp_cli.slots)."""
+        prep = self.prepare(prompt_tokens, config, policy=policy, reuse=reuse, seq=seq)
+        return Generation(self._run(prep), prep.stats)
+
+    def prepare(
+        self,
+        prompt_tokens: Sequence[int],
+        config: GenConfig,
+        *,
+        policy: Optional[DraftPolicy] = None,
+        reuse: bool = False,
+        seq: int = 0,
+    ) -> Prepared:
+        """What `generate` checks and readies before its loop is built (see there)."""
         self._require_open()
         if seq in self._live:
             raise ConfigError(f"sequence {seq} is generating: end that generation first")
@@ -321,44 +320,45 @@ class Runtime:
         )
         self.stats = stats
         policy = policy if policy is not None else DraftPolicy(n_max)
-        return Generation(self._run(prompt, kept, cfg, ctxs, d, policy, stats, seq), stats)
+        return Prepared(prompt, kept, cfg, ctxs, d, policy, stats, seq)
 
-    def _run(
-        self,
-        prompt: list[int],
-        kept: Optional[Reuse],
-        cfg: GenConfig,
-        ctxs: Contexts,
-        d: Drafter,
-        policy: DraftPolicy,
-        stats: GenStats,
-        seq: int,
-    ) -> Generator[TokenEvent, None, GenStats]:
-        """The loop, built when the generator starts (nothing is allocated for one never run)."""
-        if seq in self._live:
-            raise ConfigError(f"sequence {seq} is generating: end that generation first")
-        eog = self.eog_tokens if cfg.ignore_eos else ()
+    def start(self, prep: Prepared) -> VerifyLoop:
+        """The loop of a prepared generation, its sequence now generating (until `ended`)."""
+        if prep.seq in self._live:
+            raise ConfigError(f"sequence {prep.seq} is generating: end that generation first")
+        eog = self.eog_tokens if prep.cfg.ignore_eos else ()
+        c = prep.ctxs
         loop = VerifyLoop(
             self.model,
-            ctxs.target,
-            d,
-            policy,
-            cfg,
-            ctxs.n_ctx,
-            stats,
+            c.target,
+            prep.drafter,
+            prep.policy,
+            prep.cfg,
+            c.n_ctx,
+            prep.stats,
             self._pieces,
             self._verify_sampled,
             eog,
-            ctxs.costs,
-            seq,
+            c.costs,
+            prep.seq,
         )
-        self._live.add(seq)
+        self._live.add(prep.seq)
+        return loop
+
+    def ended(self, prep: Prepared, loop: VerifyLoop) -> None:
+        """The generation ended: its sequence is free, and what it left in memory is known unless it
+        was interrupted inside a decode."""
+        self._live.discard(prep.seq)
+        if (prep.stats.finished or loop.suspended) and loop.decoded:
+            prep.ctxs.held[prep.seq] = Held(loop.decoded, prep.drafter, loop.asleep)
+
+    def _run(self, prep: Prepared) -> Generator[TokenEvent, None, GenStats]:
+        """The loop, built when the generator starts (nothing is allocated for one never run)."""
+        loop = self.start(prep)
         try:
-            return (yield from loop.run(prompt, kept))
-        finally:  # (one interrupted inside a decode leaves a memory not known)
-            self._live.discard(seq)
-            if (stats.finished or loop.suspended) and loop.decoded:
-                ctxs.held[seq] = Held(loop.decoded, d, loop.asleep)
+            return (yield from loop.run(prep.prompt, prep.kept))
+        finally:
+            self.ended(prep, loop)
 
     def _check_choice(self, cfg: GenConfig) -> None:
         """Refuse, naming the setting, a bias on a token outside the vocabulary or a grammar llama.cpp
@@ -382,4 +382,4 @@ class Runtime:
         return prompt
 
 
-__all__ = ["Runtime", "Contexts", "open_model_file"]
+__all__ = ["Runtime", "Prepared", "Contexts"]

@@ -96,3 +96,62 @@ def test_sequences_are_checked(tiny_models):
         list(rt.generate(p, cfg, seq=1))  # (closed, it is free again)
     with pytest.raises(ConfigError, match="n_parallel"):
         Runtime.load(s["full"], n_parallel=0)
+
+
+@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "draft", "lookup,mtp", "gemma4"])
+def test_batched_sequences_each_give_what_they_give_alone(tiny_models, tmp_path, kind):
+    """One decode per step for three sequences (one joining late, prompts of different lengths read
+    in chunks beside the others' steps): each gets its tokens and its drafts' fate as alone, which
+    needs every loop to read its own rows of the shared decode (logits, the sampler's index, the
+    head's h rows)."""
+    from mtp_cli.slots import BatchRunner
+
+    kinds = _kinds(tiny_models, tmp_path)
+    spec = "mtp" if kind == "gemma4" else kinds[kind][1]["spec_type"]
+    cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=768, n_batch=16)
+    texts = ("hello world", "the cat sat on the mat and then the dog", "a b c")
+    with _load(kinds, kind, 1) as rt:
+        alone = []
+        for t in texts:
+            gen = rt.generate(rt.tokenize(t), cfg)
+            list(gen)
+            alone.append(_figures(gen))
+    with _load(kinds, kind, 3) as rt:
+        runner = BatchRunner(rt)
+        toks: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        stats = {s: runner.add(rt.prepare(rt.tokenize(texts[s]), cfg, seq=s)) for s in (0, 1)}
+        steps = 0
+        while runner.running:
+            for seq, o in runner.step().items():
+                assert o.error is None, o.error
+                toks[seq] += [ev.token for ev in o.events]
+            steps += 1
+            if steps == 3:  # (joins while the others run)
+                stats[2] = runner.add(rt.prepare(rt.tokenize(texts[2]), cfg, seq=2))
+        got = [(toks[s], list(stats[s].drafted_at), list(stats[s].accepted_at)) for s in range(3)]
+        assert got == alone
+        assert steps < sum(len(a[0]) for a in alone) * 0.6  # (shared decodes: far fewer than one per token)
+
+
+def test_batched_seeded_sampling_is_each_requests_own(tiny_models, tmp_path):
+    """Sampled with a seed, a sequence draws the same tokens batched beside others as alone (its
+    sampler reads its own rows of the shared decode)."""
+    from mtp_cli.slots import BatchRunner
+
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    cfgs = [
+        greedy(spec_type="mtp", draft_n_max=3, n_ctx=512, temp=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=7 + i)
+        for i in range(2)
+    ]
+    texts = ("hello world", "the cat sat on")
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
+        alone = [[ev.token for ev in rt.generate(rt.tokenize(t), c)] for t, c in zip(texts, cfgs)]
+    with Runtime.load(s["full"], spec_type="mtp", n_parallel=2) as rt:
+        runner = BatchRunner(rt)
+        for i, (t, c) in enumerate(zip(texts, cfgs)):
+            runner.add(rt.prepare(rt.tokenize(t), c, seq=i))
+        toks: dict[int, list[int]] = {0: [], 1: []}
+        while runner.running:
+            for seq, o in runner.step().items():
+                toks[seq] += [ev.token for ev in o.events]
+        assert [toks[0], toks[1]] == alone and alone[0] != alone[1]

@@ -21,8 +21,9 @@ from mtp_cli import drafters
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Drafter, members
 from mtp_cli.errors import ConfigError
+from mtp_cli.model_files import open_model_file
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.runtime import Runtime, open_model_file
+from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
 from mtp_cli.speed.adaptive import ADAPTIVE_N_MAX, AdaptiveController
 

@@ -1,0 +1,165 @@
+"""Generations in several sequences of one runtime, batched: each step is one target decode holding
+every running sequence's rows (its last token and drafts, or a chunk of its prompt), so B sequences
+cost about one decode of B rows, not B decodes. A sequence joins or leaves between any two steps
+(continuous batching); prompt chunks take the room the steps leave, so running streams keep flowing
+while a new prompt is read.
+
+    runner = BatchRunner(rt)
+    runner.add(rt.prepare(prompt_a, cfg, seq=0))
+    runner.add(rt.prepare(prompt_b, cfg, seq=1))
+    while runner.running:
+        for seq, out in runner.step().items():
+            ...  # out.events: this step's tokens; out.ended: its generation ended (out.error: why)
+
+Each sequence's loop (mtp_cli.loop) chooses, drafts and rolls back as alone; only the decode is
+shared. Drafters still decode apart (each in its own context): one head decode for every
+sequence's drafts is a later step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mtp_cli import llama_ext as lx
+from mtp_cli.errors import MtpError
+from mtp_cli.loop import VerifyLoop
+from mtp_cli.runtime import Prepared, Runtime
+from mtp_cli.stats import GenStats, TokenEvent
+
+_now = time.perf_counter
+
+
+@dataclass
+class StepOut:
+    """What one step gave a sequence."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+    ended: bool = False
+    error: Optional[BaseException] = None  # why it ended, when it failed
+
+
+@dataclass
+class _Running:
+    prep: Prepared
+    loop: VerifyLoop
+    t0: float
+    ready: bool  # begin() found something to generate
+
+    @property
+    def stats(self) -> GenStats:
+        return self.prep.stats
+
+
+class BatchRunner:
+    """Steps the generations of several sequences of one runtime, one shared decode per step."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.running: dict[int, _Running] = {}
+        self._batch: Optional[lx.Batch] = None
+
+    def add(self, prep: Prepared) -> GenStats:
+        """Start a prepared generation (Runtime.prepare); its tokens come from the next steps."""
+        if prep.seq in self.running:
+            raise MtpError(f"sequence {prep.seq} is running")
+        loop = self.rt.start(prep)
+        r = _Running(prep, loop, _now(), False)
+        try:
+            r.ready = loop.begin(prep.prompt, prep.kept)
+        except BaseException:
+            self._end(r)
+            raise
+        self.running[prep.seq] = r
+        return prep.stats
+
+    def cancel(self, seq: int) -> Optional[GenStats]:
+        """End a sequence's generation between steps ("interrupted"; its memory stays known)."""
+        r = self.running.pop(seq, None)
+        if r is None:
+            return None
+        r.loop.suspended = True  # (between decodes: the memory holds exactly what it decoded)
+        self._end(r)
+        return r.stats
+
+    def step(self) -> dict[int, StepOut]:
+        """One decode holding every running sequence's rows; what each got. Ended ones leave."""
+        out = {seq: StepOut() for seq in self.running}
+        placed = self._fill(out)
+        if placed:
+            t = _now()
+            try:
+                lx.decode(placed[0][0].loop.tgt, self._batch)  # type: ignore[arg-type]
+            except BaseException as e:
+                for r, _, _ in placed:
+                    out[r.prep.seq].error, out[r.prep.seq].ended = e, True
+                placed = []
+            dt = _now() - t
+        for r, row0, out0 in placed:
+            o = out[r.prep.seq]
+            try:
+                o.ended = _drain(r.loop.after(row0, out0, dt), o.events)
+            except BaseException as e:
+                o.error, o.ended = e, True
+        for seq, o in out.items():
+            if o.ended:
+                r = self.running.pop(seq)
+                if o.error is not None and r.stats.stop_reason is None:
+                    r.stats.stop_reason = "error"
+                self._end(r)
+        return out
+
+    def _fill(self, out: dict[int, StepOut]) -> list[tuple[_Running, int, int]]:
+        """The batch: steps first (a few rows each, and each stream waits on them), then prompt
+        chunks in the room left. Loops that are done are marked ended."""
+        b = self._batch_of()
+        b.clear()
+        placed = []
+        for r in sorted(self.running.values(), key=lambda r: r.loop.prefilling):
+            o = out[r.prep.seq]
+            if not r.ready:
+                o.ended = True
+                continue
+            if r.loop.prefilling and b.n_tokens >= b.capacity:
+                continue  # (its prompt waits for the next step)
+            row0, out0 = b.n_tokens, int(b.logits[: b.n_tokens].sum())
+            try:
+                if r.loop.fill(b):
+                    placed.append((r, row0, out0))
+                else:
+                    o.ended = True
+            except BaseException as e:
+                o.error, o.ended = e, True
+        return placed
+
+    def _batch_of(self) -> lx.Batch:
+        tgt = next(iter(self.running.values())).loop.tgt if self.running else None
+        cap = lx.n_batch(tgt) if tgt is not None else 1
+        if self._batch is None or self._batch.capacity != cap:
+            self._batch = lx.Batch(cap)
+        return self._batch
+
+    def _end(self, r: _Running) -> None:
+        try:
+            r.loop.finish(r.t0)
+        finally:
+            self.rt.ended(r.prep, r.loop)
+
+    def close(self) -> None:
+        """End every running generation ("interrupted")."""
+        for seq in list(self.running):
+            self.cancel(seq)
+
+
+def _drain(gen: Generator[TokenEvent, None, bool], into: list[TokenEvent]) -> bool:
+    """Collect a generator's events; its return value."""
+    while True:
+        try:
+            into.append(next(gen))
+        except StopIteration as e:
+            return bool(e.value)
+
+
+__all__ = ["BatchRunner", "StepOut"]
