@@ -201,6 +201,11 @@ class Runtime:
         loaded = drafters.members(self.spec)
         return all(m in loaded or not m.drafts_with_model for m in drafters.members(cls))
 
+    def held(self, seq: int = 0) -> Sequence[int]:
+        """The tokens sequence `seq` holds from its last generation (none when not known)."""
+        h = self._ctx.held.get(seq) if self._ctx is not None else None
+        return h.tokens if h is not None else ()
+
     def close_contexts(self) -> None:
         """Free the contexts (they are re-created by the next generate); the models stay loaded."""
         if self._ctx is not None:

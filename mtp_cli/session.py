@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from mtp_cli.chat import continuation, render
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.runtime import Runtime
-from mtp_cli.stats import Generation
+from mtp_cli.runtime import Prepared, Runtime
+from mtp_cli.stats import Generation, TokenEvent
 
 Message = dict[str, Any]
 
@@ -49,18 +49,34 @@ class Prompt:
         return [*msgs, {"role": "assistant", "content": answer}]
 
 
+class Taken:
+    """What a generation run by someone else (a batch runner) emitted, as they hand it its tokens."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._pieces: list[str] = []
+
+    def add(self, ev: TokenEvent) -> None:
+        self.tokens.append(ev.token)
+        self._pieces.append(ev.text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+
 @dataclass(frozen=True)
 class _Turn:
     prompt: Prompt
-    gen: Generation
+    gen: Union[Generation, Taken]
 
 
 class Session:
-    """The requests on one runtime, in order; `chat`/`text`/`ids` give the next prompt, `generate`
-    runs it keeping what the memory holds of it."""
+    """The requests on one runtime's sequence `seq`, in order; `chat`/`text`/`ids` give the next
+    prompt, `generate` runs it keeping what the memory holds of it (`prepare`: for a batch runner)."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
+    def __init__(self, rt: Runtime, seq: int = 0):
+        self.rt, self.seq = rt, seq
         self._last: Optional[_Turn] = None
 
     def chat(self, messages: Sequence[Message], extra: Optional[dict[str, Any]] = None) -> Prompt:
@@ -97,9 +113,18 @@ class Session:
     def generate(self, prompt: Prompt, cfg: GenConfig, policy: Optional[DraftPolicy] = None) -> Generation:
         """Generate from `prompt`, keeping the longest prefix the memory already holds of it."""
         self._last = None  # (until this generation ends, the memory is in flux)
-        gen = self.rt.generate(prompt.tokens, cfg, policy=policy, reuse=True)
+        gen = self.rt.generate(prompt.tokens, cfg, policy=policy, reuse=True, seq=self.seq)
         self._last = _Turn(prompt, gen)
         return gen
 
+    def prepare(self, prompt: Prompt, cfg: GenConfig, policy: Optional[DraftPolicy] = None) -> tuple[Prepared, Taken]:
+        """`generate` for a batch runner (mtp_cli.slots): the prepared generation, and the record its
+        tokens are to be added to as they come."""
+        self._last = None
+        prep = self.rt.prepare(prompt.tokens, cfg, policy=policy, reuse=True, seq=self.seq)
+        taken = Taken()
+        self._last = _Turn(prompt, taken)
+        return prep, taken
 
-__all__ = ["Session", "Prompt", "Message"]
+
+__all__ = ["Session", "Prompt", "Message", "Taken"]

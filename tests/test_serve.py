@@ -101,7 +101,8 @@ def _streamed(stream) -> tuple[str, list]:
 
 def test_models_and_health(served, tiny):
     assert [m.id for m in served.client().models.list().data] == [tiny["full"].name]
-    assert served.raw("GET", "/health") == (200, {"status": "ok", "queued": 0})
+    slots = [{"id": 0, "is_processing": False, "id_task": None}]
+    assert served.raw("GET", "/health") == (200, {"status": "ok", "queued": 0, "slots": slots})
 
 
 def test_chat_greedy_equals_generate_streaming_or_not(served, tiny):
@@ -343,14 +344,14 @@ def test_an_abandoned_plain_request_and_a_queued_one_are_cancelled(served, monke
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True}
     before = len(engine.recent)
     running = _send(served.port, body)
-    _wait_for(lambda: engine._current is not None, "the first request did not start")
+    _wait_for(lambda: bool(engine._active), "the first request did not start")
     queued = _send(served.port, {**body, "messages": [{"role": "user", "content": "queued"}]})
     _wait_for(lambda: engine.queued == 1, "the second request was not queued")
     for c in (queued, running):  # (the queued one leaves first, then the running one)
         c.sock.shutdown(socket.SHUT_RDWR)
         c.close()
         time.sleep(0.3)
-    _wait_for(lambda: len(engine.recent) > before and engine._current is None, "the job did not stop")
+    _wait_for(lambda: len(engine.recent) > before and not engine._active, "the job did not stop")
     assert len(engine.recent) == before + 1, list(engine.recent)[before:]  # the queued one never ran
     assert engine.recent[-1].stop_reason == "interrupted" and engine.recent[-1].n_tokens < 100
 

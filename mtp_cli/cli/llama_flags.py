@@ -51,6 +51,7 @@ LLAMA_ENV = {
     "device": "LLAMA_ARG_DEVICE",
     "rpc": "LLAMA_ARG_RPC",
     "n_gpu_layers_draft": "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+    "n_parallel": "LLAMA_ARG_N_PARALLEL",
 }
 
 # llama.cpp flags a model-running command may lack: (spellings, takes a value); each command

@@ -14,6 +14,7 @@ from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
 from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, placement
+from mtp_cli.config import MAX_PARALLEL, LoadConfig
 
 
 @main.command()
@@ -53,6 +54,15 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, plac
     default=opt.DEFAULTS.n_predict,
     show_default=True,
     help="Tokens per request without max_tokens (-1: until end of text or a full context).",
+)
+@click.option(
+    "-np",
+    "--parallel",
+    "n_parallel",
+    type=click.IntRange(1, MAX_PARALLEL),
+    default=LoadConfig.n_parallel,
+    show_default=True,
+    help="Slots: requests run at once, in one batched decode per step; the context (-c) is split among them.",
 )
 @go.context
 @opt.threads

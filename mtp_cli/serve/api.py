@@ -109,7 +109,7 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "queued": engine.queued}
+        return {"status": "ok", "queued": engine.queued, "slots": engine.slots}
 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_info(engine)]}

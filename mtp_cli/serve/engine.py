@@ -19,8 +19,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from mtp_cli import drafters
@@ -28,26 +27,20 @@ from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
-from mtp_cli.serve.events import FINISH, Delta, Done, Event, Failed, Started, TokenProb, figures, stream, timings
-from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
+from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, TokenProb, figures, stream, timings
+from mtp_cli.serve.jobs import Begun, Job, Request
+from mtp_cli.serve.requests import ChatRequest, check
+from mtp_cli.serve.slots import SlotWorker
 from mtp_cli.serve.tools import FORMATS, ToolFormat, ToolPlan, format_of, generic_messages, plan
 from mtp_cli.session import Prompt, Session
 from mtp_cli.speed.auto import AutoDraft, Resolved
-from mtp_cli.stats import TokenEvent
+from mtp_cli.stats import GenStats, TokenEvent
 
 log = logging.getLogger(__name__)
 
 
 class ContextLengthError(ConfigError):
     """The prompt, or the prompt and max_tokens, do not fit the context."""
-
-
-@dataclass
-class Job:
-    request: Union[ChatRequest, CompletionRequest]
-    emit: Callable[[Event], None]
-    id: str = field(default_factory=lambda: "req-" + secrets.token_hex(6))
-    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -80,9 +73,10 @@ class Engine:
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
         self.session = Session(rt)
         self.tool_format, self.knows_tools = _tool_format(rt)
-        self._current: Optional[Job] = None
+        self._active: dict[int, Job] = {}  # by slot: the jobs running
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="mtp-serve-worker", daemon=True)
+        work = SlotWorker(self).run if rt.config.n_parallel > 1 else self._work
+        self._thread = threading.Thread(target=work, name="mtp-serve-worker", daemon=True)
 
     @classmethod
     def load(
@@ -114,11 +108,19 @@ class Engine:
     def queued(self) -> int:
         return self._jobs.qsize()
 
+    @property
+    def slots(self) -> list[dict[str, Any]]:
+        """Each slot: its id and whether a request runs in it (llama-server's /slots, briefly)."""
+        busy = dict(self._active)
+        return [
+            {"id": s, "is_processing": s in busy, "id_task": busy[s].id if s in busy else None}
+            for s in range(self.rt.config.n_parallel)
+        ]
+
     def cancel_all(self) -> None:
-        """Stop the running job at its next token and drop the queued ones (the server is stopping)."""
+        """Stop the running jobs at their next token and drop the queued ones (the server is stopping)."""
         self._closing.set()
-        current = self._current
-        if current is not None:  # (its stream ends with an error chunk and [DONE], not cut off)
+        for current in list(self._active.values()):  # (its stream ends with an error chunk and [DONE], not cut off)
             current.emit(Failed(MtpError("the server is shutting down"), 503))
             current.cancelled.set()
         while True:
@@ -145,7 +147,7 @@ class Engine:
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set() or self._closing.is_set():
                 continue  # (its client left while it waited, or the server is stopping)
-            self._current = job
+            self._active[0] = job
             try:
                 self._run(job)
             except (ConfigError, ChatTemplateError) as e:  # the request's fault
@@ -154,25 +156,34 @@ class Engine:
                 log.exception("%s: failed", job.id)
                 job.emit(Failed(e, 500))
             finally:
-                self._current = None
+                self._active.pop(0, None)
 
     # -- one job -------------------------------------------------------------------------------
 
     def _run(self, job: Job) -> None:
+        st = self.begin(job, self.session)
+        gen = self.session.generate(st.prompt, st.res.config, st.res.policy)
+        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached))
+        out = stream(gen, job, st.req.stop_strings(), self._prob, st.held)
+        self.finish(st, out, gen.stats)
+
+    def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:
+        """A job checked, its prompt (from `session`: what its memory holds) and its settings."""
         req = job.request
         check(req)
         self._check_size(req.texts_size())
         tools = self._tool_plan(req)
-        prompt = self._prompt(req, tools)
-        res = self.auto.resolve(self._config(req, tools, len(prompt.tokens)))
-        gen = self.session.generate(prompt, res.config, res.policy)
-        job.emit(Started(len(prompt.tokens), gen.stats.n_cached))
-        held = tools.fmt.held_from if tools else None
-        text, cut, probs, sent = stream(gen, job, req.stop_strings(), self._prob, held)
+        prompt = self._prompt(req, tools, session)
+        res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
+        return Begun(job, req, tools, prompt, res)
+
+    def finish(self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats) -> None:
+        """The job's generation ended with this text (TextStream.close): its record, and Done."""
+        job, tools, res = b.job, b.tools, b.res
+        text, cut, probs, sent = out
         content, calls = tools.fmt.parse(text, tools.tools) if tools and not cut else (text, [])
         if not calls and len(content) > sent and not job.cancelled.is_set():
             job.emit(Delta(content[sent:]))  # (held back as a possible call, and none was)
-        st = gen.stats
         rec = Record(
             job.id,
             st.n_prompt,
@@ -191,9 +202,7 @@ class Engine:
             lps = probs if res.config.logprobs is not None else None
             job.emit(Done(content, finish, st, figures(st, res, res.config), timings(st), lps, tuple(calls)))
 
-    def _config(
-        self, req: Union[ChatRequest, CompletionRequest], tools: Optional[ToolPlan], n_prompt: int
-    ) -> GenConfig:
+    def _config(self, req: Request, tools: Optional[ToolPlan], n_prompt: int) -> GenConfig:
         """The request's settings over the server's: a random seed drawn (and said), a forced tool
         call's grammar, max_tokens clamped to the room the prompt leaves (as llama-server: "length")."""
         cfg = replace(self.base, **req.overrides())
@@ -207,7 +216,7 @@ class Engine:
             cfg = replace(cfg, n_predict=self.n_ctx - n_prompt)
         return cfg
 
-    def _tool_plan(self, req: Union[ChatRequest, CompletionRequest]) -> Optional[ToolPlan]:
+    def _tool_plan(self, req: Request) -> Optional[ToolPlan]:
         if not isinstance(req, ChatRequest):
             return None
         tools, choice = req.tools_asked()
@@ -233,16 +242,16 @@ class Engine:
                 f"holds {self.n_ctx}: shorten it"
             )
 
-    def _prompt(self, req: Union[ChatRequest, CompletionRequest], tools: Optional[ToolPlan]) -> Prompt:
+    def _prompt(self, req: Request, tools: Optional[ToolPlan], session: Session) -> Prompt:
         if isinstance(req, ChatRequest):
             msgs, extra = req.chat_messages(), dict(req.chat_template_kwargs or {})
             if tools is not None and tools.fmt is FORMATS["generic"] and not self.knows_tools:
                 msgs = generic_messages(msgs, tools.tools)
             elif tools is not None:
                 extra["tools"] = tools.tools
-            return self.session.chat(msgs, extra or None)
+            return session.chat(msgs, extra or None)
         text = req.prompt_text()
-        return self.session.ids(req.prompt_ids()) if text is None else self.session.text(text)
+        return session.ids(req.prompt_ids()) if text is None else session.text(text)
 
 
 PROBE_TOOL = {"type": "function", "function": {"name": "mtp_cli_probe_tool", "parameters": {"type": "object"}}}

@@ -67,6 +67,57 @@ class Emitting(Protocol):
     def emit(self, ev: Event) -> None: ...
 
 
+class TextStream:
+    """A job's text as its tokens come: emitted as Deltas, holding back what could begin a stop string
+    and, from where `held` says tool calls may begin, what could be one."""
+
+    def __init__(
+        self,
+        job: Emitting,
+        stops: list[str],
+        prob: Callable[[TokenEvent], TokenProb],
+        held: Optional[Callable[[str], int]] = None,
+    ):
+        self.job, self.stops, self.prob, self.held = job, stops, prob, held
+        self.out, self.sent, self.cut = "", 0, False
+        self.probs: list[TokenProb] = []
+        self._told = 0  # (probs already sent with a delta)
+        self._hold = max((len(s) for s in stops), default=1) - 1
+        self._hold_calls = 16 if held else 0  # (an opener not yet whole, e.g. "<tool_ca")
+
+    def _visible(self) -> int:
+        end = len(self.out) - max(self._hold, self._hold_calls)
+        at = self.held(self.out) if self.held else -1
+        return min(end, at) if at >= 0 else end
+
+    def feed(self, ev: TokenEvent) -> bool:
+        """One token; True when a stop string cut the text here (the generation is to stop)."""
+        if ev.logprob is not None:
+            self.probs.append(self.prob(ev))
+        lo = max(0, len(self.out) - self._hold)
+        self.out += ev.text
+        if self.stops:
+            found = [i for s in self.stops if (i := self.out.find(s, lo)) >= 0]
+            if found:
+                self.out, self.cut = self.out[: min(found)], True
+                return True
+        upto = self._visible()
+        if upto > self.sent:
+            self.job.emit(Delta(self.out[self.sent : upto], tuple(self.probs[self._told :])))
+            self.sent, self._told = upto, len(self.probs)
+        return False
+
+    def close(self) -> tuple[str, bool, tuple[TokenProb, ...], int]:
+        """The rest sent (nothing held back now); (the text, whether a stop string cut it, the tokens'
+        log-probabilities when asked, how much of the text was sent)."""
+        self._hold = self._hold_calls = 0
+        upto = max(self.sent, self._visible())
+        if (upto > self.sent or len(self.probs) > self._told) and not self.job.cancelled.is_set():
+            self.job.emit(Delta(self.out[self.sent : upto], tuple(self.probs[self._told :])))
+            self.sent = upto
+        return self.out, self.cut, tuple(self.probs), self.sent
+
+
 def stream(
     gen: Generation,
     job: Emitting,
@@ -74,45 +125,15 @@ def stream(
     prob: Callable[[TokenEvent], TokenProb],
     held: Optional[Callable[[str], int]] = None,
 ) -> tuple[str, bool, tuple[TokenProb, ...], int]:
-    """Run the generation, emitting text as it comes (holding back what could begin a stop string,
-    and from where `held` says tool calls may begin); (the text, whether a stop string cut it, the
-    tokens' log-probabilities when asked, how much of the text was sent)."""
-    out, sent, cut = "", 0, False
-    probs: list[TokenProb] = []
-    told = 0  # (probs already sent with a delta)
-    hold = max((len(s) for s in stops), default=1) - 1
-    hold_calls = 16 if held else 0  # (an opener not yet whole, e.g. "<tool_ca")
-
-    def visible() -> int:
-        end = len(out) - max(hold, hold_calls)
-        at = held(out) if held else -1
-        return min(end, at) if at >= 0 else end
-
+    """Run the generation through a TextStream (see there) until it ends, is cut, or is cancelled."""
+    ts = TextStream(job, stops, prob, held)
     try:
         for ev in gen:
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or ts.feed(ev):
                 break
-            if ev.logprob is not None:
-                probs.append(prob(ev))
-            lo = max(0, len(out) - hold)
-            out += ev.text
-            if stops:
-                found = [i for s in stops if (i := out.find(s, lo)) >= 0]
-                if found:
-                    out, cut = out[: min(found)], True
-                    break
-            upto = visible()
-            if upto > sent:
-                job.emit(Delta(out[sent:upto], tuple(probs[told:])))
-                sent, told = upto, len(probs)
     finally:
         gen.close()
-    hold = hold_calls = 0
-    upto = max(sent, visible())
-    if (upto > sent or len(probs) > told) and not job.cancelled.is_set():
-        job.emit(Delta(out[sent:upto], tuple(probs[told:])))
-        sent = upto
-    return out, cut, tuple(probs), sent
+    return ts.close()
 
 
 def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
@@ -157,4 +178,16 @@ def timings(st: GenStats) -> dict[str, Any]:
     }
 
 
-__all__ = ["Started", "TokenProb", "Delta", "Done", "Failed", "Event", "FINISH", "stream", "figures", "timings"]
+__all__ = [
+    "Started",
+    "TokenProb",
+    "Delta",
+    "Done",
+    "Failed",
+    "Event",
+    "FINISH",
+    "TextStream",
+    "stream",
+    "figures",
+    "timings",
+]
