@@ -2,6 +2,12 @@
 
     python benchmarks/serve_bench.py [-m MODEL] [--clients 32] [--requests 4] [--max-tokens 48]
                                      [--settings none,3,auto] [-t 2] [--timeout 900] [--json out.json]
+    python benchmarks/serve_bench.py --slots 1,2,4,8 [--settings none,auto] [--llama-server] ...
+
+With --slots, for each count C: C clients at once against `mtp-cli serve -np 1` and `-np C` (and
+llama.cpp's own `llama-server -np 1` and `-np C`, built from the pinned sdist's vendored sources,
+with --llama-server), same file, prompts, context and threads: aggregate tok/s, time to first token
+p50/p95, and for ours the acceptance by draft position pooled per slot (a forced N: `--settings 3`).
 
 For each setting a server is started (`mtp-cli serve`, its own process), and `--clients` threads
 each send `--requests` streaming chat requests (greedy, prompts taken in turn from the built-in
@@ -46,6 +52,9 @@ class Outcome:
     tokens: int = 0
     tps: float = 0.0
     acceptance: Optional[float] = None
+    slot: Optional[int] = None
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,9 +105,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, setting: str, port: int, n_threads: int) -> subprocess.Popen:
-    spec = ["--spec-type", "none"] if setting == "none" else ["--spec-type", "mtp", "--spec-draft-n-max", setting]
-    cmd = [sys.executable, "-c", _ENTRY, "serve", "-m", model, "--port", str(port), "-t", str(n_threads), *spec]
+def start_server(
+    model: str, setting: str, port: int, n_threads: int, n_parallel: int = 1, llama: Optional[Path] = None
+) -> subprocess.Popen:
+    """`mtp-cli serve` with a draft setting (none, a number, auto; the model's default drafting), or
+    llama.cpp's llama-server (`llama`: its binary; plain decoding), both on a 4096-token context
+    split among `n_parallel` slots."""
+    common = ["-m", model, "--port", str(port), "-t", str(n_threads), "-c", "4096", "-np", str(n_parallel)]
+    if llama is not None:
+        cmd = [str(llama), *common, "-tb", str(n_threads), "--host", "127.0.0.1"]
+    else:
+        spec = {"none": ["--spec-type", "none"], "auto": []}.get(setting, ["--spec-draft-n-max", setting])
+        cmd = [sys.executable, "-c", _ENTRY, "serve", *common, *spec]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 120:
@@ -115,6 +133,53 @@ def start_server(model: str, setting: str, port: int, n_threads: int) -> subproc
     raise SystemExit("serve did not come up in 120 s")
 
 
+@dataclass
+class Read:
+    """What one SSE stream said."""
+
+    text: list[str] = field(default_factory=list)
+    finishes: int = 0
+    done: bool = False
+    usage: Optional[dict] = None
+    mtp: dict = field(default_factory=dict)  # (llama-server's responses have none)
+    t_first: Optional[float] = None
+
+
+def read_stream(r: Any, o: Outcome) -> Optional[Read]:
+    """The stream's chunks, checked line by line (None, with o.error or o.garbled said, if bad)."""
+    got = Read()
+    for raw in r:
+        line = raw.decode("utf-8").rstrip("\n")
+        if not line:
+            continue
+        if not line.startswith("data: "):
+            o.garbled = f"not an SSE data line: {line[:80]!r}"
+            return None
+        data = line[6:]
+        if data == "[DONE]":
+            got.done = True
+            continue
+        if got.done:
+            o.garbled = "data after [DONE]"
+            return None
+        chunk = json.loads(data)
+        if "error" in chunk:
+            o.error = f"error in stream: {chunk['error']}"
+            return None
+        got.usage = chunk.get("usage") or got.usage
+        got.mtp = chunk.get("mtp") or got.mtp
+        if not chunk.get("choices"):
+            continue
+        ch = chunk["choices"][0]
+        piece = ch["delta"].get("content")
+        if piece:
+            got.text.append(piece)
+            if got.t_first is None:
+                got.t_first = time.perf_counter()
+        got.finishes += ch["finish_reason"] is not None
+    return got
+
+
 def one_request(port: int, prompt: str, want: str, max_tokens: int, timeout: float) -> Outcome:
     """One streaming chat request, its stream checked line by line."""
     o = Outcome()
@@ -123,6 +188,7 @@ def one_request(port: int, prompt: str, want: str, max_tokens: int, timeout: flo
         "temperature": 0,
         "max_tokens": max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},  # (llama-server sends usage only when asked)
     }
     t0 = time.perf_counter()
     try:
@@ -132,56 +198,39 @@ def one_request(port: int, prompt: str, want: str, max_tokens: int, timeout: flo
         if r.status != 200:
             o.error = f"HTTP {r.status}: {r.read()[:200]!r}"
             return o
-        text, finishes, done, last, t_first = [], 0, False, None, None
-        for raw in r:
-            line = raw.decode("utf-8").rstrip("\n")
-            if not line:
-                continue
-            if not line.startswith("data: "):
-                o.garbled = f"not an SSE data line: {line[:80]!r}"
-                return o
-            data = line[6:]
-            if data == "[DONE]":
-                done = True
-                continue
-            if done:
-                o.garbled = "data after [DONE]"
-                return o
-            chunk = json.loads(data)
-            if "error" in chunk:
-                o.error = f"error in stream: {chunk['error']}"
-                return o
-            ch = chunk["choices"][0]
-            piece = ch["delta"].get("content")
-            if piece:
-                text.append(piece)
-                if t_first is None:
-                    t_first = time.perf_counter()
-            if ch["finish_reason"] is not None:
-                finishes += 1
-                last = chunk
+        got = read_stream(r, o)
         c.close()
     except (OSError, ValueError, KeyError, IndexError) as e:
         o.error = f"{type(e).__name__}: {e}"
         return o
     t_end = time.perf_counter()
-    if not done or finishes != 1 or last is None or "usage" not in last:
-        o.garbled = f"truncated: [DONE] {done}, {finishes} finish chunks, usage {last is not None and 'usage' in last}"
+    if got is None:
         return o
-    o.ok, o.latency = True, t_end - t0
+    if not got.done or got.finishes != 1 or got.usage is None:
+        o.garbled = f"truncated: [DONE] {got.done}, {got.finishes} finish chunks, usage {got.usage is not None}"
+        return o
+    o.ok, o.latency, t_first, mtp = True, t_end - t0, got.t_first, got.mtp
     o.ttft = (t_first or t_end) - t0
-    o.tokens = int(last["usage"]["completion_tokens"])
+    o.tokens = int(got.usage["completion_tokens"])
     o.tps = (o.tokens - 1) / (t_end - t_first) if t_first and t_end > t_first and o.tokens > 1 else 0.0
-    o.acceptance = last.get("mtp", {}).get("acceptance") if last["mtp"]["spec_type"] != "none" else None
-    o.mismatch = "".join(text) != want
+    o.acceptance = mtp.get("acceptance") if mtp.get("spec_type", "none") != "none" else None
+    o.slot = mtp.get("slot")
+    o.drafted_by_pos, o.accepted_by_pos = mtp.get("drafted_by_pos", []), mtp.get("accepted_by_pos", [])
+    o.mismatch = "".join(got.text) != want
     return o
 
 
 def run_setting(
-    model: str, setting: str, prompts: list[str], refs: list[str], args: argparse.Namespace
+    model: str,
+    setting: str,
+    prompts: list[str],
+    refs: list[str],
+    args: argparse.Namespace,
+    n_parallel: int = 1,
+    llama: Optional[Path] = None,
 ) -> tuple[SettingResult, list[Outcome]]:
     port = free_port()
-    proc = start_server(model, setting, port, args.threads)
+    proc = start_server(model, setting, port, args.threads, n_parallel, llama)
     outcomes: list[Outcome] = []
     lock = threading.Lock()
     deadline = time.monotonic() + args.timeout
@@ -240,6 +289,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per setting, all clients together")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--slots", default=None, help="client counts C: -np 1 against -np C at C clients each")
+    ap.add_argument("--llama-server", action="store_true", help="with --slots: llama.cpp's llama-server too")
     args = ap.parse_args()
     if not 1 <= args.clients <= 256 or not 1 <= args.requests <= 100:
         raise SystemExit("--clients must be 1..256 and --requests 1..100")
@@ -253,6 +304,8 @@ def main() -> None:
     prompts = list(PROMPTS)
     print(f"model {model}; {args.clients} clients x {args.requests} streaming requests, {args.max_tokens} tokens")
     refs = references(model, prompts, args.max_tokens, args.threads)
+    if args.slots:
+        return sweep(model, prompts, refs, args)
     results = []
     for s in args.settings.split(","):
         res, _ = run_setting(model, s.strip(), prompts, refs, args)
@@ -278,6 +331,65 @@ def main() -> None:
         doc: dict[str, Any] = {"model": model, "args": {k: str(v) for k, v in vars(args).items()}}
         doc["results"] = [asdict(r) for r in results]
         args.json.write_text(json.dumps(doc, indent=2))
+
+
+def by_slot(outcomes: list[Outcome]) -> dict[int, list[float]]:
+    """Acceptance by draft position pooled over each slot's requests."""
+    pooled: dict[int, tuple[list[int], list[int]]] = {}
+    for o in outcomes:
+        if o.ok and o.slot is not None and o.drafted_by_pos:
+            d, a = pooled.setdefault(o.slot, ([0] * len(o.drafted_by_pos), [0] * len(o.drafted_by_pos)))
+            for i, (x, y) in enumerate(zip(o.drafted_by_pos, o.accepted_by_pos)):
+                d[i], a[i] = d[i] + x, a[i] + y
+    return {s: [y / x if x else 0.0 for x, y in zip(d, a)] for s, (d, a) in sorted(pooled.items())}
+
+
+def sweep(model: str, prompts: list[str], refs: list[str], args: argparse.Namespace) -> None:
+    """--slots: at each client count C, -np 1 and -np C (ours, and llama-server's with --llama-server)."""
+    llama = None
+    if args.llama_server:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from vs_llama_cpp import _llama_build
+
+        llama = _llama_build().build_tools(("llama-server",), Path.home() / ".cache" / "mtp-cli") / "llama-server"
+    rows: list[dict[str, Any]] = []
+    for c in [int(x) for x in args.slots.split(",")]:
+        args.clients = c
+        servers = [("mtp-cli", s.strip(), n) for s in args.settings.split(",") for n in sorted({1, c})]
+        if llama is not None:
+            servers += [("llama-server", "none", n) for n in sorted({1, c})]
+        for kind, setting, n in servers:
+            res, outs = run_setting(model, setting, prompts, refs, args, n, llama if kind == "llama-server" else None)
+            rows.append({"clients": c, "server": kind, "np": n, "setting": setting, **asdict(res)})
+            rows[-1]["acceptance_by_slot"] = by_slot(outs)
+            print(
+                f"  {c} clients, {kind} -np {n} {setting}: {res.ok}/{res.requests} ok, {res.overall_tps:.1f} tok/s",
+                flush=True,
+            )
+    print(
+        "clients  server         -np  setting  ok/req  mismatch  all tok/s  x -np 1  ttft p50/p95 s  "
+        "acceptance by slot (pos 1..)"
+    )
+    for r in rows:
+        base = next(
+            x
+            for x in rows
+            if x["clients"] == r["clients"]
+            and x["server"] == r["server"]
+            and x["np"] == 1
+            and x["setting"] == r["setting"]
+        )
+        ratio = r["overall_tps"] / base["overall_tps"] if base["overall_tps"] else float("nan")
+        acc = "; ".join(f"{s}: " + "/".join(f"{x:.2f}" for x in v) for s, v in r["acceptance_by_slot"].items())
+        print(
+            f"{r['clients']:7}  {r['server']:13} {r['np']:4}  {r['setting']:7} {r['ok']:3}/{r['requests']:<3} "
+            f"{r['mismatches']:8}  {r['overall_tps']:9.1f}  {ratio:7.2f}  "
+            f"{r['ttft_p50']:6.2f}/{r['ttft_p95']:6.2f}  {acc}"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"model": model, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

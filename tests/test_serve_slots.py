@@ -112,7 +112,16 @@ def test_a_follow_up_goes_to_the_slot_holding_its_conversation(tiny):
         engine.close()
 
 
-def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(tiny, alone):
+def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(tiny, alone, monkeypatch):
+    import mtp_cli.slots
+
+    real = mtp_cli.slots.lx.decode
+
+    def slow(*a, **k):  # (a step the client can leave during)
+        time.sleep(0.01)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mtp_cli.slots.lx, "decode", slow)
     engine = _engine(tiny, 2)
     s = Served(engine.start())
     try:
@@ -132,3 +141,35 @@ def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(tiny, alone):
     finally:
         s.close()
         engine.close()
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_every_decode_runs_on_the_thread_that_loaded_the_model(tiny, monkeypatch, n_parallel):
+    """(llama.cpp built with OpenMP gives each calling thread a thread team of its own; two teams on 2
+    cores made libgomp stop spinning at the graph's barriers, and serve decoded 6x slower than generate.)"""
+    import mtp_cli.llama_ext as lx
+    from mtp_cli.runtime import Runtime
+
+    threads = {"load": set(), "decode": set()}
+    real_load, real_decode = Runtime.load.__func__, lx.decode
+
+    def load(cls, *a, **k):
+        threads["load"].add(threading.current_thread())
+        return real_load(cls, *a, **k)
+
+    def decode(*a, **k):
+        threads["decode"].add(threading.current_thread())
+        return real_decode(*a, **k)
+
+    monkeypatch.setattr(Runtime, "load", classmethod(load))
+    monkeypatch.setattr(lx, "decode", decode)
+    engine = _engine(tiny, n_parallel)
+    s = Served(engine.start())
+    try:
+        _ask(s, PROMPTS[0], stream=True)
+        _ask(s, PROMPTS[1])
+    finally:
+        s.close()
+        engine.close()
+    assert len(threads["load"]) == 1 and threads["decode"] == threads["load"]
+    assert threads["load"] != {threading.main_thread()}

@@ -75,8 +75,8 @@ class Engine:
         self.tool_format, self.knows_tools = _tool_format(rt)
         self._active: dict[int, Job] = {}  # by slot: the jobs running
         self._closing = threading.Event()
-        work = SlotWorker(self).run if rt.config.n_parallel > 1 else self._work
-        self._thread = threading.Thread(target=work, name="mtp-serve-worker", daemon=True)
+        self._go = threading.Event()  # start(): the worker thread that loaded the model takes jobs
+        self._thread: Optional[threading.Thread] = None
 
     @classmethod
     def load(
@@ -87,19 +87,47 @@ class Engine:
         *,
         load: Optional[LoadConfig] = None,
     ) -> Engine:
-        """The model loaded (by `load`; without one, for base's spec type) and served with `base`."""
-        rt = Runtime.load(model, load or LoadConfig(spec_type=base.spec_type))
-        try:
-            return cls(rt, base, alias)
-        except BaseException:
-            rt.close()
-            raise
+        """The model loaded (by `load`; without one, for base's spec type) and served with `base`, by
+        the worker thread that will run every job: llama.cpp's computing stays on the thread that
+        loaded the model. (Built with OpenMP, llama.cpp gives each calling thread a team of its own,
+        and libgomp, seeing more threads than cores, stops spinning at the graph's barriers: decoding
+        on another thread than the loading one was 6x slower on 2 cores.)"""
+        box: queue.Queue[Union[Engine, BaseException]] = queue.Queue()
+
+        def boot() -> None:
+            try:
+                rt = Runtime.load(model, load or LoadConfig(spec_type=base.spec_type))
+                try:
+                    engine = cls(rt, base, alias)
+                except BaseException:
+                    rt.close()
+                    raise
+            except BaseException as e:  # (raised again by the caller)
+                box.put(e)
+                return
+            engine._thread = threading.current_thread()
+            box.put(engine)
+            engine._go.wait()
+            engine._serve()
+
+        threading.Thread(target=boot, name="mtp-serve-worker", daemon=True).start()
+        got = box.get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
     # -- the queue -----------------------------------------------------------------------------
 
     def start(self) -> Engine:
-        self._thread.start()
+        """Take jobs (on the loading thread; a new one for an engine built on a runtime given)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="mtp-serve-worker", daemon=True)
+            self._thread.start()
+        self._go.set()
         return self
+
+    def _serve(self) -> None:
+        (SlotWorker(self).run if self.rt.config.n_parallel > 1 else self._work)()
 
     def submit(self, job: Job) -> None:
         self._jobs.put(job)
@@ -136,9 +164,10 @@ class Engine:
         """Stop every job, let the worker finish, then free the model (not while it may still decode)."""
         self.cancel_all()
         self._jobs.put(None)
-        if self._thread.is_alive():
+        self._go.set()  # (a worker never started ends at once)
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=60)
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             log.warning("the worker is still decoding: the model is left to the process's exit")
             return
         self.rt.close()
@@ -177,7 +206,7 @@ class Engine:
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
         return Begun(job, req, tools, prompt, res)
 
-    def finish(self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats) -> None:
+    def finish(self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats, slot: int = 0) -> None:
         """The job's generation ended with this text (TextStream.close): its record, and Done."""
         job, tools, res = b.job, b.tools, b.res
         text, cut, probs, sent = out
@@ -200,7 +229,8 @@ class Engine:
         if not job.cancelled.is_set():
             finish = "stop" if cut else "tool_calls" if calls else FINISH.get(str(st.stop_reason), "stop")
             lps = probs if res.config.logprobs is not None else None
-            job.emit(Done(content, finish, st, figures(st, res, res.config), timings(st), lps, tuple(calls)))
+            mtp = {**figures(st, res, res.config), "slot": slot}
+            job.emit(Done(content, finish, st, mtp, timings(st), lps, tuple(calls)))
 
     def _config(self, req: Request, tools: Optional[ToolPlan], n_prompt: int) -> GenConfig:
         """The request's settings over the server's: a random seed drawn (and said), a forced tool

@@ -39,7 +39,9 @@ class Host(Protocol):
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun: ...
 
-    def finish(self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats) -> None: ...
+    def finish(
+        self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats, slot: int = 0
+    ) -> None: ...
 
     def _prob(self, ev: TokenEvent) -> TokenProb: ...
 
@@ -159,7 +161,7 @@ class SlotWorker:
                 log.error("%s: failed: %s", job.id, out.error)
             job.emit(Failed(out.error, status))
             return
-        self.e.finish(slot.begun, slot.stream.close(), slot.stats)
+        self.e.finish(slot.begun, slot.stream.close(), slot.stats, seq)
 
 
 __all__ = ["SlotWorker"]
