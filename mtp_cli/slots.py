@@ -112,18 +112,23 @@ class BatchRunner:
         return out
 
     def _fill(self, out: dict[int, StepOut]) -> list[tuple[_Running, int, int]]:
-        """The batch: steps first (a few rows each, and each stream waits on them), then prompt
-        chunks in the room left. Loops that are done are marked ended."""
+        """The batch: steps first (a few rows each, and each stream waits on them), then a chunk of
+        the prompt that came first, in the room left: prompts one after another, so that of k
+        prompts arriving together the first gets its first token after one prompt's pass, not k
+        (on a machine where compute is the limit, batching prompts saves nothing). Loops that are
+        done are marked ended."""
         b = self._batch_of()
         b.clear()
         placed = []
+        prompt_in = False
         for r in sorted(self.running.values(), key=lambda r: r.loop.prefilling):
             o = out[r.prep.seq]
             if not r.ready:
                 o.ended = True
                 continue
-            if r.loop.prefilling and b.n_tokens >= b.capacity:
+            if r.loop.prefilling and (prompt_in or b.n_tokens >= b.capacity):
                 continue  # (its prompt waits for the next step)
+            prompt_in = prompt_in or r.loop.prefilling
             row0, out0 = b.n_tokens, int(b.logits[: b.n_tokens].sum())
             try:
                 if r.loop.fill(b):

@@ -63,6 +63,7 @@ class SlotWorker:
         n = rt.config.n_parallel
         self.sessions = [Session(rt, s) for s in range(n)]
         self.autos = [AutoDraft(rt) for _ in range(n)]  # (a slot's adaptive N learns from its own steps)
+        self.fresh = Session(rt)  # (no history: renders a prompt whole)
         self.runner = BatchRunner(rt)
         self.slots: dict[int, _Slot] = {}
         self._used = [0] * n  # when each slot last took a job (0: never)
@@ -82,7 +83,8 @@ class SlotWorker:
     # -- admission ------------------------------------------------------------------------------
 
     def _admit(self, block: bool) -> None:
-        """Queued jobs into free slots (waiting for one when nothing runs)."""
+        """A queued job into a free slot (waiting for one when nothing runs): one per step, so the
+        first of several arriving together starts on the next step, its prompt readied alone."""
         while len(self.slots) < len(self.sessions):
             try:
                 job = self.e._jobs.get() if block else self.e._jobs.get_nowait()
@@ -95,6 +97,8 @@ class SlotWorker:
             if job.cancelled.is_set() or self.e._closing.is_set():
                 continue  # (its client left while it waited, or the server is stopping)
             self._start(job)
+            if self.slots:
+                return
 
     def _start(self, job: Job) -> None:
         try:
@@ -120,8 +124,12 @@ class SlotWorker:
         prompt, else the one used least recently (an empty one first), so that a new conversation
         does not push out another's cache for a shared template prefix."""
         free = [s for s in range(len(self.sessions)) if s not in self.slots]
-        begun = {s: self.e.begin(job, self.sessions[s], self.autos[s]) for s in free}
         held = {s: self.e.rt.held(s) for s in free}
+        whole = self.e.begin(job, self.fresh).prompt.tokens  # (rendered whole: what a slot's own session may extend)
+        near = [s for s in free if held[s] and common_prefix(held[s], whole) >= SHARE_ENOUGH * len(held[s])]
+        # (every other slot is alike: the least recently used stands for them)
+        free = near + sorted(set(free) - set(near), key=lambda s: self._used[s])[:1]
+        begun = {s: self.e.begin(job, self.sessions[s], self.autos[s]) for s in free}
         shared = {s: common_prefix(held[s], begun[s].prompt.tokens) for s in free}
         goes_on = [s for s in free if held[s] and shared[s] >= len(held[s]) - 1]
         best = max(goes_on or free, key=lambda s: shared[s])
