@@ -53,6 +53,7 @@ class Outcome:
     tps: float = 0.0
     acceptance: Optional[float] = None
     slot: Optional[int] = None
+    prompt: int = -1  # its prompt's index
     drafted_by_pos: list[int] = field(default_factory=list)
     accepted_by_pos: list[int] = field(default_factory=list)
 
@@ -241,6 +242,7 @@ def run_setting(
                 return
             i = (k * args.requests + j) % len(prompts)
             o = one_request(port, prompts[i], refs[i], args.max_tokens, max(1.0, deadline - time.monotonic()))
+            o.prompt = i
             with lock:
                 outcomes.append(o)
 
@@ -291,6 +293,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--slots", default=None, help="client counts C: -np 1 against -np C at C clients each")
     ap.add_argument("--llama-server", action="store_true", help="with --slots: llama.cpp's llama-server too")
+    ap.add_argument("--repeats", type=int, default=1, help="with --slots: runs of each server, in turn (medians)")
     args = ap.parse_args()
     if not 1 <= args.clients <= 256 or not 1 <= args.requests <= 100:
         raise SystemExit("--clients must be 1..256 and --requests 1..100")
@@ -305,7 +308,10 @@ def main() -> None:
     print(f"model {model}; {args.clients} clients x {args.requests} streaming requests, {args.max_tokens} tokens")
     refs = references(model, prompts, args.max_tokens, args.threads)
     if args.slots:
-        return sweep(model, prompts, refs, args)
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from serve_slots import sweep
+
+        return sweep(model, prompts, refs, args, run_setting)
     results = []
     for s in args.settings.split(","):
         res, _ = run_setting(model, s.strip(), prompts, refs, args)
@@ -331,65 +337,6 @@ def main() -> None:
         doc: dict[str, Any] = {"model": model, "args": {k: str(v) for k, v in vars(args).items()}}
         doc["results"] = [asdict(r) for r in results]
         args.json.write_text(json.dumps(doc, indent=2))
-
-
-def by_slot(outcomes: list[Outcome]) -> dict[int, list[float]]:
-    """Acceptance by draft position pooled over each slot's requests."""
-    pooled: dict[int, tuple[list[int], list[int]]] = {}
-    for o in outcomes:
-        if o.ok and o.slot is not None and o.drafted_by_pos:
-            d, a = pooled.setdefault(o.slot, ([0] * len(o.drafted_by_pos), [0] * len(o.drafted_by_pos)))
-            for i, (x, y) in enumerate(zip(o.drafted_by_pos, o.accepted_by_pos)):
-                d[i], a[i] = d[i] + x, a[i] + y
-    return {s: [y / x if x else 0.0 for x, y in zip(d, a)] for s, (d, a) in sorted(pooled.items())}
-
-
-def sweep(model: str, prompts: list[str], refs: list[str], args: argparse.Namespace) -> None:
-    """--slots: at each client count C, -np 1 and -np C (ours, and llama-server's with --llama-server)."""
-    llama = None
-    if args.llama_server:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from vs_llama_cpp import _llama_build
-
-        llama = _llama_build().build_tools(("llama-server",), Path.home() / ".cache" / "mtp-cli") / "llama-server"
-    rows: list[dict[str, Any]] = []
-    for c in [int(x) for x in args.slots.split(",")]:
-        args.clients = c
-        servers = [("mtp-cli", s.strip(), n) for s in args.settings.split(",") for n in sorted({1, c})]
-        if llama is not None:
-            servers += [("llama-server", "none", n) for n in sorted({1, c})]
-        for kind, setting, n in servers:
-            res, outs = run_setting(model, setting, prompts, refs, args, n, llama if kind == "llama-server" else None)
-            rows.append({"clients": c, "server": kind, "np": n, "setting": setting, **asdict(res)})
-            rows[-1]["acceptance_by_slot"] = by_slot(outs)
-            print(
-                f"  {c} clients, {kind} -np {n} {setting}: {res.ok}/{res.requests} ok, {res.overall_tps:.1f} tok/s",
-                flush=True,
-            )
-    print(
-        "clients  server         -np  setting  ok/req  mismatch  all tok/s  x -np 1  ttft p50/p95 s  "
-        "acceptance by slot (pos 1..)"
-    )
-    for r in rows:
-        base = next(
-            x
-            for x in rows
-            if x["clients"] == r["clients"]
-            and x["server"] == r["server"]
-            and x["np"] == 1
-            and x["setting"] == r["setting"]
-        )
-        ratio = r["overall_tps"] / base["overall_tps"] if base["overall_tps"] else float("nan")
-        acc = "; ".join(f"{s}: " + "/".join(f"{x:.2f}" for x in v) for s, v in r["acceptance_by_slot"].items())
-        print(
-            f"{r['clients']:7}  {r['server']:13} {r['np']:4}  {r['setting']:7} {r['ok']:3}/{r['requests']:<3} "
-            f"{r['mismatches']:8}  {r['overall_tps']:9.1f}  {ratio:7.2f}  "
-            f"{r['ttft_p50']:6.2f}/{r['ttft_p95']:6.2f}  {acc}"
-        )
-    if args.json:
-        args.json.write_text(
-            json.dumps({"model": model, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2)
-        )
 
 
 if __name__ == "__main__":

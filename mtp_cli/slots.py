@@ -88,6 +88,7 @@ class BatchRunner:
         """One decode holding every running sequence's rows; what each got. Ended ones leave."""
         out = {seq: StepOut() for seq in self.running}
         placed = self._fill(out)
+        self._h_rows([r.loop for r, _, _ in placed])
         if placed:
             t = _now()
             try:
@@ -138,6 +139,18 @@ class BatchRunner:
             except BaseException as e:
                 o.error, o.ended = e, True
         return placed
+
+    @staticmethod
+    def _h_rows(loops: list[VerifyLoop]) -> None:
+        """The target computes h rows (nextn embeddings) for a decode if any of its sequences'
+        drafters reads them (the setting is the context's, not a sequence's: an asleep drafter's
+        sequence gets them too, and its loop is told so)."""
+        reading = [lp for lp in loops if lp.drafter.target_h]
+        if reading:
+            on = any(lp.h_on for lp in reading)
+            lx.set_embeddings_nextn(reading[0].tgt, on, False)
+            for lp in reading:
+                lp.h_on = on
 
     def _batch_of(self) -> lx.Batch:
         tgt = next(iter(self.running.values())).loop.tgt if self.running else None

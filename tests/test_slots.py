@@ -155,3 +155,42 @@ def test_batched_seeded_sampling_is_each_requests_own(tiny_models, tmp_path):
             for seq, o in runner.step().items():
                 toks[seq] += [ev.token for ev in o.events]
         assert [toks[0], toks[1]] == alone and alone[0] != alone[1]
+
+
+def test_batched_sequences_whose_drafters_sleep_and_wake_apart(tiny_models):
+    """One sequence's head sleeps (its loop stops the target's h rows) while another's drafts on
+    the same decodes: the h rows are the context's, so they are computed while any drafter reads
+    them; each sequence still gives what it gives alone."""
+    from mtp_cli.policy import DraftPolicy
+    from mtp_cli.slots import BatchRunner
+
+    class Nap(DraftPolicy):
+        """Asleep for steps 2..11, quietly (the loop stops the h rows), then drafting again."""
+
+        def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+            self.sleep = 2 <= done < 12
+            self.quiet = max(0, 10 - done) if self.sleep else 0
+            return 0 if self.sleep else self.n_max
+
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=512)
+    texts = ("hello world", "the cat sat on")
+    pols = (lambda: Nap(3), lambda: None)
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
+        alone = []
+        for t, pol in zip(texts, pols):
+            gen = rt.generate(rt.tokenize(t), cfg, policy=pol())
+            list(gen)
+            alone.append(_figures(gen))
+    with Runtime.load(s["full"], spec_type="mtp", n_parallel=2) as rt:
+        runner = BatchRunner(rt)
+        stats = [
+            runner.add(rt.prepare(rt.tokenize(t), cfg, policy=pol(), seq=i))
+            for i, (t, pol) in enumerate(zip(texts, pols))
+        ]
+        toks: dict[int, list[int]] = {0: [], 1: []}
+        while runner.running:
+            for seq, o in runner.step().items():
+                assert o.error is None, o.error
+                toks[seq] += [ev.token for ev in o.events]
+        assert [(toks[i], list(st.drafted_at), list(st.accepted_at)) for i, st in enumerate(stats)] == alone
