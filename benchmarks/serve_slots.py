@@ -37,7 +37,8 @@ def by_slot(outcomes: list[Any], alone: Optional[list[Any]] = None) -> dict[int,
     for s, outs in sorted(slots.items()):
         out[s] = {"acceptance_by_pos": _pool(outs)}
         if alone:
-            ref = [next(a for a in alone if a.ok and a.prompt == o.prompt) for o in outs]
+            # (every alone run of each prompt: a prompt's figures depend on what the memory held before it)
+            ref = [a for o in outs for a in alone if a.ok and a.prompt == o.prompt]
             single = _pool(ref)
             gap = max((abs(x - y) for x, y in zip(out[s]["acceptance_by_pos"], single)), default=0.0)
             out[s].update(single_stream=single, max_gap=gap)

@@ -26,6 +26,7 @@ from typing import Optional
 from mtp_cli import llama_ext as lx
 from mtp_cli.errors import MtpError
 from mtp_cli.loop import VerifyLoop
+from mtp_cli.policy import LoadGate
 from mtp_cli.runtime import Prepared, Runtime
 from mtp_cli.stats import GenStats, TokenEvent
 
@@ -61,10 +62,13 @@ class BatchRunner:
         self.running: dict[int, _Running] = {}
         self._batch: Optional[lx.Batch] = None
 
-    def add(self, prep: Prepared) -> GenStats:
-        """Start a prepared generation (Runtime.prepare); its tokens come from the next steps."""
+    def add(self, prep: Prepared, gate: bool = False) -> GenStats:
+        """Start a prepared generation (Runtime.prepare); its tokens come from the next steps. gate:
+        it drafts nothing while other sequences run (policy.LoadGate: a draft length not forced)."""
         if prep.seq in self.running:
             raise MtpError(f"sequence {prep.seq} is running")
+        if gate:
+            prep.policy = LoadGate(prep.policy, lambda: len(self.running) > 1)
         loop = self.rt.start(prep)
         r = _Running(prep, loop, _now(), False)
         try:

@@ -194,3 +194,43 @@ def test_batched_sequences_whose_drafters_sleep_and_wake_apart(tiny_models):
                 assert o.error is None, o.error
                 toks[seq] += [ev.token for ev in o.events]
         assert [(toks[i], list(st.drafted_at), list(st.accepted_at)) for i, st in enumerate(stats)] == alone
+
+
+def test_under_load_a_gated_sequence_drafts_nothing_and_alone_its_policy_decides(tiny_models):
+    """gate=True (a draft length not forced): while another sequence shares the decodes, no drafts,
+    the lookup's included; once alone, its own policy drafts again. The output stays plain
+    decoding's; the held steps are the inner policy's foreign ones."""
+    from mtp_cli.policy import DraftPolicy
+    from mtp_cli.slots import BatchRunner
+
+    class Seen(DraftPolicy):
+        def __init__(self, n):
+            super().__init__(n)
+            self.foreign_steps = 0
+
+        def foreign(self, seconds: float) -> None:
+            self.foreign_steps += 1
+
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    texts = ("hello world hello world hello world", "the cat sat on")
+    with Runtime.load(s["full"], spec_type="lookup,mtp", n_parallel=2) as rt:
+        cfg = greedy(spec_type="lookup,mtp", draft_n_max=3, n_ctx=512)
+        short = greedy(spec_type="lookup,mtp", draft_n_max=3, n_ctx=512, n_predict=24)
+        plain = [
+            [ev.token for ev in rt.generate(rt.tokenize(t), greedy(n_ctx=512, n_predict=c.n_predict))]
+            for t, c in zip(texts, (cfg, short))
+        ]
+        runner = BatchRunner(rt)
+        inner = Seen(3)
+        st = runner.add(rt.prepare(rt.tokenize(texts[0]), cfg, policy=inner, seq=0), gate=True)
+        other = runner.add(rt.prepare(rt.tokenize(texts[1]), short, seq=1))  # (forced: drafts all along)
+        toks: dict[int, list[int]] = {0: [], 1: []}
+        drafted_while_shared = None
+        while runner.running:
+            for seq, o in runner.step().items():
+                toks[seq] += [ev.token for ev in o.events]
+            if drafted_while_shared is None and 1 not in runner.running:
+                drafted_while_shared = st.n_drafted
+        assert [toks[0], toks[1]] == plain
+        assert drafted_while_shared == 0 and other.n_drafted > 0  # (held while shared)
+        assert st.n_drafted > 0 and inner.foreign_steps > 0  # (drafting alone again)

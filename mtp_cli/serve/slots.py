@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.memory import common_prefix
 from mtp_cli.runtime import Runtime
@@ -33,6 +34,7 @@ class Host(Protocol):
     """What the worker needs of its engine (mtp_cli.serve.engine.Engine)."""
 
     rt: Runtime
+    base: GenConfig
     _jobs: queue.Queue[Optional[Job]]
     _closing: threading.Event
     _active: dict[int, Job]
@@ -104,7 +106,7 @@ class SlotWorker:
         try:
             seq, b = self._pick(job)
             prep, taken = self.sessions[seq].prepare(b.prompt, b.res.config, b.res.policy)
-            self.runner.add(prep)
+            self.runner.add(prep, gate=self.e.base.draft_mode != "fixed")  # (a forced N stays forced)
         except (ConfigError, ChatTemplateError) as e:
             job.emit(Failed(e, 400))
             return
