@@ -76,7 +76,8 @@ class LoadGate(DraftPolicy):
             self._held_at = None
         if self.busy():
             self._held_at = now
-            self.hold, self.sleep, self.shadow, self.quiet = True, True, False, 0
+            # (quiet: the target computes no h rows for it; woken, its head restarts without one)
+            self.hold, self.sleep, self.shadow, self.quiet = True, True, False, 1
             return 0
         n = self.inner.step(drafted, accepted, t_consumer, done)
         self.hold, self.sleep, self.shadow, self.quiet = False, self.inner.sleep, self.inner.shadow, self.inner.quiet

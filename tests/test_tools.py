@@ -5,6 +5,7 @@ greedy output parses back into calls with schema-typed arguments (drafting chang
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -182,3 +183,85 @@ def test_a_template_without_tools_gets_them_in_a_system_message_and_calls_writte
     assert out[0]["role"] == "system" and "ping" in out[0]["content"] and "<tool_call>" in out[0]["content"]
     assert "tool_calls" not in out[2] and '"name": "ping"' in out[2]["content"] and out[3]["content"] == "pong"
     assert msgs[1]["tool_calls"]  # (the request's own messages are left as they were)
+
+
+ADDRESS = {"type": "object", "properties": {"zip": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["zip"]}
+# what pydantic writes for a nested model (instructor, pydantic-ai, openai-agents, pydantic_function_tool)
+NESTED = {
+    "type": "function",
+    "function": {
+        "name": "ship",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "to": {"$ref": "#/$defs/Address"},
+                "back": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]},
+            },
+            "required": ["to"],
+            "$defs": {"Address": ADDRESS},
+        },
+    },
+}
+# a recursive one (a tree), and one of the old spelling `definitions` pointing at itself
+TREE = {
+    "type": "function",
+    "function": {
+        "name": "tree",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+            "required": ["n"],
+        },
+    },
+}
+OLD = {
+    "type": "function",
+    "function": {
+        "name": "old",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"$ref": "#/definitions/A"}},
+            "required": ["a"],
+            "definitions": {
+                "A": {"type": "object", "properties": {"b": {"$ref": "#/definitions/B"}}, "required": ["b"]},
+                "B": {"enum": [1, 2]},
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "glm", "gemma4", "llama3"])
+def test_a_forced_call_whose_parameters_use_refs_gets_its_grammar(rt, name):
+    """$defs / definitions and $refs (nested, under anyOf, recursive, "#") resolve wherever the schema
+    sits in the call's grammar (was: "Error resolving ref", a 500), which llama.cpp parses; with JSON
+    arguments the output parses back typed; tagged formats write a $ref'd value as typed JSON."""
+    fmt = FORMATS[name]
+    for tool in (NESTED, TREE, OLD):
+        gbnf = fmt.rules([tool], False)
+        lx.Grammar(rt.model, gbnf).close()
+        if name not in ("hermes", "llama3"):  # (the tiny model may repeat tagged pairs past n_predict)
+            call = next(line for line in gbnf.splitlines() if line.startswith("call-0 ::="))
+            assert not re.search(r"\bval\b", call), gbnf  # (no value of these tools is text)
+            continue
+        text = "".join(e.text for e in rt.generate(rt.tokenize(PROMPT), greedy(n_predict=200, grammar=gbnf)))
+        content, calls = fmt.parse(text, [tool])
+        assert len(calls) == 1 and calls[0].name == tool["function"]["name"], (name, text)
+        args = json.loads(calls[0].arguments)
+        if tool is NESTED:
+            assert isinstance(args["to"]["zip"], int), text
+        if tool is OLD:
+            assert args["a"]["b"] in (1, 2), text
+
+
+def test_a_tool_schema_the_converter_cannot_take_is_a_400_naming_the_tool():
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "lost",
+            "parameters": {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nowhere"}}},
+        },
+    }
+    p = plan([PING, bad], "required", None, FORMATS["hermes"])
+    with pytest.raises(ConfigError, match=r"`tools.1.function.parameters` \(lost\): .*Nowhere"):
+        p.grammar()

@@ -28,6 +28,34 @@ def params(tool: Tool) -> dict[str, Any]:
     return p if isinstance(p, dict) and p else {"type": "object"}
 
 
+def _under(x: Any, at: str) -> Any:
+    """A schema's local $refs ("#", "#/$defs/A", "#/definitions/A", any pointer) made to point at
+    where the schema now sits, `at` (a pointer from the root of the schema it is embedded in)."""
+    if isinstance(x, dict):
+        return {
+            k: at + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _under(v, at)
+            for k, v in x.items()
+        }
+    if isinstance(x, list):
+        return [_under(v, at) for v in x]
+    return x
+
+
+def embedded(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each tool's parameters as a schema to embed in another, and the `$defs` the embedding one
+    must carry: every tool's whole schema (its own $defs inside it) under `$defs/tool-i`, its refs
+    pointing there, so that Pydantic's $defs, "#" and recursive refs resolve from the new root."""
+    out, defs = [], {}
+    for i, t in enumerate(tools):
+        p = params(t)
+        if '"$ref"' in json.dumps(p):
+            defs[f"tool-{i}"] = _under(p, f"#/$defs/tool-{i}")
+            out.append({"$ref": f"#/$defs/tool-{i}"})
+        else:
+            out.append(p)
+    return out, defs
+
+
 def json_rules(schema: Any, root: str) -> str:
     """The converter's GBNF with its root rule renamed (to embed it in another grammar)."""
     return re.sub(r"^root ::=", f"{root} ::=", lx.json_schema_grammar(schema), flags=re.M)
@@ -38,41 +66,51 @@ def repeat(call: str, parallel: bool, sep: str = '"\\n"') -> str:
 
 
 def hermes_rules(tools: list[Tool], parallel: bool, key: str = "arguments") -> str:
+    schemas, defs = embedded(tools)
     one = [
         {
             "type": "object",
-            "properties": {"name": {"const": n}, key: params(t)},
+            "properties": {"name": {"const": n}, key: p},
             "required": ["name", key],
             "additionalProperties": False,
         }
-        for n, t in zip(names(tools), tools)
+        for n, p in zip(names(tools), schemas)
     ]
-    body = json_rules({"oneOf": one} if len(one) > 1 else one[0], "call-json")
+    top = {"oneOf": one} if len(one) > 1 else dict(one[0])
+    body = json_rules({**top, "$defs": defs} if defs else top, "call-json")
     return repeat('"<tool_call>\\n" call-json "\\n</tool_call>"', parallel) + "\n" + body
+
+
+# a property of no "type" is written as text, unless one of these says what it is
+STRUCTURED = {"$ref", "anyOf", "oneOf", "allOf", "properties", "items", "const"}
 
 
 def typed_values(tools: list[Tool], quote: str = "") -> tuple[str, dict[tuple[int, str], str]]:
     """GBNF for every tool parameter's value as tagged formats write it: a string (or a property of
-    no type) as text without '<', between `quote` marks; a string enum one of its values, so; anything
-    else JSON, by the converter. (the rules, {(tool index, key): the value's expression})."""
+    no type, nor a $ref or another structure) as text without '<', between `quote` marks; a string
+    enum one of its values, so; anything else JSON, by the converter. (the rules, {(tool index,
+    key): the value's expression})."""
     q = f"{lit(quote)} " if quote else ""
     qe = f" {lit(quote)}" if quote else ""
     exprs: dict[tuple[int, str], str] = {}
     typed: dict[str, Any] = {}
     owner: dict[str, tuple[int, str]] = {}
+    _, defs = embedded(tools)
     for i, t in enumerate(tools):
         for j, (key, sch) in enumerate(params(t).get("properties", {}).items()):
-            sch = sch if isinstance(sch, dict) else {}
+            sch = _under(sch, f"#/$defs/tool-{i}") if isinstance(sch, dict) else {}
             enum = sch.get("enum")
             if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
                 exprs[i, key] = f"( {q}( " + " | ".join(lit(v) for v in enum) + f" ){qe} )"
-            elif sch.get("type") in (None, "string") or "enum" in sch:
+            elif (
+                sch.get("type") == "string" or "enum" in sch or (sch.get("type") is None and not STRUCTURED & set(sch))
+            ):
                 exprs[i, key] = f"( {q}val{qe} )"
             else:
                 typed[f"v-{i}-{j}"], owner[f"v-{i}-{j}"] = sch, (i, key)
     if not typed:
         return "", exprs
-    rules = json_rules({"type": "object", "properties": typed}, "typed-values")
+    rules = json_rules({"type": "object", "properties": typed, **({"$defs": defs} if defs else {})}, "typed-values")
     for name, at in owner.items():  # (the converter writes `NAME-kv ::= "\\"NAME\\"" space ":" space VALUE`)
         m = re.search(rf'^{re.escape(name)}-kv ::= .*?":" space (.*)$', rules, re.M)
         exprs[at] = f"( {m.group(1)} )" if m else "val"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mtp_cli import llama_ext as lx
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.tool_grammars import (
     DS,
@@ -260,7 +261,20 @@ class ToolPlan:
     parallel: bool
 
     def grammar(self) -> Optional[str]:
-        return self.fmt.rules(self.forced, self.parallel) if self.forced else None
+        """The forced call's grammar (None: no call forced); ConfigError naming a tool whose
+        parameters llama.cpp's JSON schema converter cannot take, and why."""
+        if not self.forced:
+            return None
+        for i, t in enumerate(self.tools):
+            if t in self.forced:
+                try:
+                    lx.json_schema_grammar(params(t))
+                except ValueError as e:
+                    raise ConfigError(f"`tools.{i}.function.parameters` ({t['function']['name']}): {e}") from None
+        try:
+            return self.fmt.rules(self.forced, self.parallel)
+        except ValueError as e:
+            raise ConfigError(f"`tools`: {e}") from None
 
 
 def plan(tools: list[Any], choice: Any, parallel: Optional[bool], fmt: ToolFormat) -> Optional[ToolPlan]:
