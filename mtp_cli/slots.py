@@ -32,6 +32,8 @@ from mtp_cli.stats import GenStats, TokenEvent
 
 _now = time.perf_counter
 
+LOAD_AFTER = 16  # steps after the last shared one during which a gated sequence still holds
+
 
 @dataclass
 class StepOut:
@@ -61,6 +63,8 @@ class BatchRunner:
         self.rt = rt
         self.running: dict[int, _Running] = {}
         self._batch: Optional[lx.Batch] = None
+        self._steps = 0
+        self._shared_at = -LOAD_AFTER  # the last step that held more than one sequence
 
     def add(self, prep: Prepared, gate: bool = False) -> GenStats:
         """Start a prepared generation (Runtime.prepare); its tokens come from the next steps. gate:
@@ -68,7 +72,7 @@ class BatchRunner:
         if prep.seq in self.running:
             raise MtpError(f"sequence {prep.seq} is running")
         if gate:
-            prep.policy = LoadGate(prep.policy, lambda: len(self.running) > 1)
+            prep.policy = LoadGate(prep.policy, self._loaded)
         loop = self.rt.start(prep)
         r = _Running(prep, loop, _now(), False)
         try:
@@ -78,6 +82,11 @@ class BatchRunner:
             raise
         self.running[prep.seq] = r
         return prep.stats
+
+    def _loaded(self) -> bool:
+        """Whether sequences share the decodes, or did within the last LOAD_AFTER steps (a sequence
+        alone for a step or two between others' requests does not start drafting)."""
+        return len(self.running) > 1 or self._steps - self._shared_at < LOAD_AFTER
 
     def cancel(self, seq: int) -> Optional[GenStats]:
         """End a sequence's generation between steps ("interrupted"; its memory stays known)."""
@@ -91,6 +100,9 @@ class BatchRunner:
     def step(self) -> dict[int, StepOut]:
         """One decode holding every running sequence's rows; what each got. Ended ones leave."""
         out = {seq: StepOut() for seq in self.running}
+        self._steps += 1
+        if len(self.running) > 1:
+            self._shared_at = self._steps
         placed = self._fill(out)
         self._h_rows([r.loop for r, _, _ in placed])
         if placed:
