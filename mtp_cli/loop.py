@@ -142,7 +142,13 @@ class VerifyLoop:
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
-        self._h_rows(True)
+        # an off policy (asleep since the last generation, or a fresh controller): the drafters that
+        # can sleep follow none of the prompt, and the target computes no h rows for them (woken,
+        # they restart cold); the prompt's catch-up cost 2-3% of a short request here
+        self.asleep = bool(self.policy.sleep and d.can_sleep and self.n_max > 0)
+        if self.asleep and isinstance(d, Chain):
+            d.sleeping = True
+        self._h_rows(not self.asleep)
         self._prompt: Optional[np.ndarray] = np.asarray(prompt, dtype=np.int32)
         self._p0 = keep
         return True
@@ -193,7 +199,8 @@ class VerifyLoop:
         """A prompt chunk was decoded: the drafter follows it; after the last, the first token."""
         prompt, chunk, d, st = self._prompt, self._chunk, self.drafter, self.stats
         assert prompt is not None
-        d.on_prefill(chunk, self._p0)
+        if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members skip it)
+            d.on_prefill(chunk, self._p0)
         self._p0 += len(chunk)
         if self._p0 < len(prompt):
             return False

@@ -63,6 +63,7 @@ class LoadGate(DraftPolicy):
     def __init__(self, inner: DraftPolicy, busy: Callable[[], bool]):
         super().__init__(inner.n_max)
         self.inner, self.busy = inner, busy
+        self.sleep = inner.sleep
         self._held_at: Optional[float] = None  # when the step it held began
 
     def begin(self, t_consumer: float) -> None:

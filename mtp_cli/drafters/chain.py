@@ -116,7 +116,7 @@ class Chain(Drafter):
             m.resume(prompt, keep, asleep and m.can_sleep, rewound)
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
-        for m in self.parts:
+        for m in self._awake():
             m.on_prefill(tokens, pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
