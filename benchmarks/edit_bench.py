@@ -3,7 +3,7 @@
     python benchmarks/edit_bench.py [-m MODEL] [--settings none,mtp,ngram,auto] [-n 128] [--repeats 3]
                                     [-t 2] [--free 6] [--json out.json]
 
-Two prompt sets through the chat template, greedy, `--repeat-penalty 1` (none): the edit
+Two prompt sets through the chat template, greedy, `--repeat-penalty 1` (none, or as given): the edit
 prompts (benchmarks/edit_prompts.json: copy, fix, rename, reformat, quote, code edits, written for
 this benchmark) and `--free` of the held-out evaluation prompts (free text). Every setting runs on
 both, repeats interleaved (the order rotated), medians; per set and setting: tok/s, the ratio to
@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--free", type=int, default=6, help="free-text prompts (held-out evaluation prompts)")
     ap.add_argument("--json", type=Path, default=Path("edit_bench.json"))
+    ap.add_argument("--repeat-penalty", type=float, default=1.0, help="1.1: the demo's own setting")
     args = ap.parse_args()
     lx.quiet_logs()
     names = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -108,7 +109,9 @@ def main() -> None:
         args.model = demo_model()
     edits = json.loads(EDIT_PROMPTS.read_text())["prompts"]
     free = read_prompts(EVAL_PROMPTS)[:: max(1, 60 // max(1, args.free))][: args.free]
-    base = GenConfig(n_predict=args.n_predict, n_threads=args.threads, n_ctx=2048, temp=0.0, repeat_penalty=1.0)
+    base = GenConfig(
+        n_predict=args.n_predict, n_threads=args.threads, n_ctx=2048, temp=0.0, repeat_penalty=args.repeat_penalty
+    )
     t0 = time.perf_counter()
     out: dict[str, Any] = {"model": str(args.model), "n_predict": args.n_predict, "repeats": args.repeats, "sets": {}}
     with load(args.model) as rt:

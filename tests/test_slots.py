@@ -38,6 +38,17 @@ def _figures(gen) -> tuple[list[int], list[int], list[int]]:
     return gen.tokens, list(gen.stats.drafted_at), list(gen.stats.accepted_at)
 
 
+def _alone(kinds, kind: str, cfg: GenConfig, texts) -> list[tuple[list[int], list[int], list[int]]]:
+    """Each text's tokens and drafts' fate on a runtime of one sequence, one after another."""
+    with _load(kinds, kind, 1) as rt:
+        out = []
+        for t in texts:
+            gen = rt.generate(rt.tokenize(t), cfg)
+            list(gen)
+            out.append(_figures(gen))
+        return out
+
+
 @pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "draft", "lookup,mtp", "gemma4"])
 def test_generations_in_two_sequences_interleave_each_as_if_alone(tiny_models, tmp_path, kind):
     """Token by token in turn, seq 0 and seq 1 each give their tokens and their drafts' fate as on a
@@ -47,12 +58,7 @@ def test_generations_in_two_sequences_interleave_each_as_if_alone(tiny_models, t
     spec = "mtp" if kind == "gemma4" else kinds[kind][1]["spec_type"]
     cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=512)
     texts = ("hello world", "the cat sat on")
-    with _load(kinds, kind, 1) as rt:
-        alone = []
-        for t in texts:
-            gen = rt.generate(rt.tokenize(t), cfg)
-            list(gen)
-            alone.append(_figures(gen))
+    alone = _alone(kinds, kind, cfg, texts)
     with _load(kinds, kind, 2) as rt:
         gens = [rt.generate(rt.tokenize(t), cfg, seq=s) for s, t in enumerate(texts)]
         live = list(gens)
@@ -110,12 +116,7 @@ def test_batched_sequences_each_give_what_they_give_alone(tiny_models, tmp_path,
     spec = "mtp" if kind == "gemma4" else kinds[kind][1]["spec_type"]
     cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=768, n_batch=16)
     texts = ("hello world", "the cat sat on the mat and then the dog", "a b c")
-    with _load(kinds, kind, 1) as rt:
-        alone = []
-        for t in texts:
-            gen = rt.generate(rt.tokenize(t), cfg)
-            list(gen)
-            alone.append(_figures(gen))
+    alone = _alone(kinds, kind, cfg, texts)
     with _load(kinds, kind, 3) as rt:
         runner = BatchRunner(rt)
         toks: dict[int, list[int]] = {0: [], 1: [], 2: []}

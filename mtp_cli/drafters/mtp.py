@@ -64,7 +64,8 @@ class MtpDrafter(Drafter):
     def __init__(self, head_model: lx.Model, plan: ContextPlan, *, n_batch: int, n_vocab_target: int, nextn_h: NextnH):
         """A head context beside the plan's target context (n_batch: its own), following plan.seq."""
         super().__init__()
-        self.tgt, self.seq = target_ctx, seq = plan.target, plan.seq
+        self.tgt = target_ctx = plan.target
+        self.seq = plan.seq
         self.ctx = lx.create_context(
             head_model,
             n_ctx=plan.n_ctx,
@@ -84,7 +85,7 @@ class MtpDrafter(Drafter):
         self.E = lx.n_embd_out(head_model)
         self.n_ctx = lx.n_ctx_seq(self.ctx)
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
-        self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E, seq)
+        self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E, self.seq)
         self.pending_h = np.zeros(self.E, dtype=np.float32)  # target h row of the position before id_last
         try:
             self._check_context()
