@@ -437,3 +437,65 @@ def test_review_fixes_logprobs_under_a_grammar_offsets_and_server_penalties(serv
             offs += ch.choices[0].logprobs.text_offset
     assert offs == [sum(len(x) for x in toks[:i]) for i in range(len(toks))] and len(toks) == 12
     assert "presence_penalty" not in ChatRequest(messages=[{"role": "user", "content": "x"}]).overrides()
+
+
+def test_schemas_that_cannot_hold_are_400s_naming_the_keyword_and_json_object_takes_a_schema(served):
+    """Issue 42: impossible constraints and keywords a grammar cannot enforce are 400s naming them;
+    llama-server's `json_object` + `schema` is honoured; integer bounds hold in sampled output."""
+    c = served.client()
+    msgs = [{"role": "user", "content": "the cat"}]
+
+    def fmt(schema):
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}},
+        },
+    }
+    for kw, says in (
+        (
+            {"response_format": fmt({"type": "integer", "minimum": 10, "maximum": 5})},
+            "`response_format.json_schema.schema`: minimum: minimum 10 and maximum 5",
+        ),
+        ({"response_format": fmt({"enum": []})}, "`response_format.json_schema.schema`: enum: is empty"),
+        (
+            {"response_format": fmt({"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}})},
+            "`response_format.json_schema.schema.properties.t`: uniqueItems",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_object",
+                    "schema": {"allOf": [{"type": "string"}, {"type": "integer"}]},
+                }
+            },
+            "`response_format.schema`: allOf: of integer and string",
+        ),
+        ({"tools": [tool], "tool_choice": "required"}, "`tools.0.function.parameters.properties.n` (f): minimum"),
+        (
+            {"extra_body": {"json_schema": {"type": "string", "minLength": 3, "maxLength": 1}}},
+            "`json_schema`: minLength",
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError, match=re.escape(says)):
+            _ask(c, msgs, **kw)
+    shaped = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 7, "maximum": 12}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    for seed in range(4):
+        r = _ask(
+            c,
+            msgs,
+            response_format={"type": "json_object", "schema": shaped},
+            max_tokens=40,
+            temperature=1.5,
+            seed=seed,
+        )
+        got = json.loads(r.choices[0].message.content)
+        assert set(got) == {"n"} and 7 <= got["n"] <= 12, got

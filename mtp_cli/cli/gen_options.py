@@ -165,12 +165,13 @@ def grammar_of(opts: dict[str, Any]) -> str | None:
     text = _read(opts[key], key) if key.endswith("_file") else str(opts[key])
     if key.startswith("grammar"):
         return text
-    from mtp_cli import llama_ext as lx
+    from mtp_cli import schemas
 
     try:
-        return lx.json_schema_grammar(json.loads(text))
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"`json_schema`: {e}") from None
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"`{key}`: not JSON: {e}") from None
+    return schemas.checked(doc, key)
 
 
 def _read(path: Path, name: str) -> str:

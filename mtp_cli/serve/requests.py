@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 from pydantic import Field
 
 from mtp_cli import llama_ext as lx
+from mtp_cli import schemas
 from mtp_cli.config import MAX_LOGPROBS
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
@@ -137,20 +138,19 @@ class Sampling(Strict):
             return self.grammar
         fmt = self.output_format()
         schema: Any = self.json_schema
+        name = "json_schema"
         if fmt is not None:
             kind = fmt.get("type")
-            if kind == "json_object":
-                return lx.JSON_GRAMMAR
-            spec = fmt.get("json_schema")
-            if kind != "json_schema" or not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-                raise ConfigError("`response_format` takes text, json_object or json_schema with a `schema` object")
-            schema = spec["schema"]
-        if schema is None:
-            return None
-        try:
-            return lx.json_schema_grammar(schema)
-        except ValueError as e:
-            raise ConfigError(f"`{'response_format' if fmt else 'json_schema'}`: {e}") from None
+            if kind == "json_object":  # (llama-server's `schema` beside it is honoured)
+                if fmt.get("schema") is None:
+                    return lx.JSON_GRAMMAR
+                schema, name = fmt["schema"], "response_format.schema"
+            else:
+                spec = fmt.get("json_schema")
+                if kind != "json_schema" or not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                    raise ConfigError("`response_format` takes text, json_object or json_schema with a `schema` object")
+                schema, name = spec["schema"], "response_format.json_schema.schema"
+        return None if schema is None else schemas.checked(schema, name)
 
     def logprob_count(self) -> Optional[int]:
         """How many alternatives to report with each token's log-probability (None: no log-probabilities)."""

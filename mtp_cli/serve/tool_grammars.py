@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from mtp_cli import llama_ext as lx
+from mtp_cli import schemas
 
 Tool = dict[str, Any]  # {"type": "function", "function": {"name", "description", "parameters"}}
 
@@ -58,7 +58,7 @@ def embedded(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def json_rules(schema: Any, root: str) -> str:
     """The converter's GBNF with its root rule renamed (to embed it in another grammar)."""
-    return re.sub(r"^root ::=", f"{root} ::=", lx.json_schema_grammar(schema), flags=re.M)
+    return re.sub(r"^root ::=", f"{root} ::=", schemas.grammar(schema), flags=re.M)
 
 
 def repeat(call: str, parallel: bool, sep: str = '"\\n"') -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from mtp_cli import llama_ext as lx
+from mtp_cli import schemas
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.tool_grammars import (
     DS,
@@ -268,12 +268,12 @@ class ToolPlan:
         for i, t in enumerate(self.tools):
             if t in self.forced:
                 try:
-                    lx.json_schema_grammar(params(t))
-                except ValueError as e:
-                    raise ConfigError(f"`tools.{i}.function.parameters` ({t['function']['name']}): {e}") from None
+                    schemas.grammar(params(t))
+                except schemas.SchemaError as e:
+                    raise e.under(f"tools.{i}.function.parameters", f" ({t['function']['name']})") from None
         try:
             return self.fmt.rules(self.forced, self.parallel)
-        except ValueError as e:
+        except (ValueError, schemas.SchemaError) as e:
             raise ConfigError(f"`tools`: {e}") from None
 
 
