@@ -144,7 +144,7 @@ class Person(pydantic.BaseModel):
     seen: datetime.datetime
     id: uuid.UUID
     ratio: float
-    friend: Optional["Person"] = None
+    friend: Optional[Person] = None
 
 
 def test_pydantics_usual_models_convert_and_sets_and_float_bounds_are_refused_by_name():

@@ -201,7 +201,11 @@ def test_a_closed_stream_cancels_its_generation(served, monkeypatch):
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "`temperature`"),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "`temperature`"),
         ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "unsupported parameter `frobnicate`"),
-        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "`n` must be 1"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "n": 99},
+            400,
+            "`n`: Input should be less than or equal to 16",
+        ),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "`tools.0`"),
         ({"messages": [{"role": "user", "content": "hi"}], "mirostat": 2}, 400, "`mirostat`"),
         ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 5}, 400, "`presence_penalty`"),
@@ -260,6 +264,10 @@ def test_an_api_key_is_required_when_set(tiny):
             model=engine.alias, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
         )
         assert r.model_extra["mtp"]["spec_type"] == "none" and r.usage.completion_tokens == 3
+        body = json.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        status, doc = s.raw("POST", "/v1/messages", body, headers={"x-api-key": "wrong"})
+        assert status == 401 and doc["type"] == "error" and doc["error"]["type"] == "authentication_error"
+        assert s.raw("POST", "/v1/messages", body, headers={"x-api-key": "sekrit"})[0] == 200  # (Anthropic's header)
     finally:
         s.close()
         engine.close()
@@ -403,7 +411,8 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
     ):
         sent: list = []
         text, cut, _, _ = stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
-        assert text == want and cut == bool(stops) and "".join(d.text for d in sent if isinstance(d, Delta)) == want
+        assert text == want and cut == (stops[0] if stops else None)  # (the stop string that cut it)
+        assert "".join(d.text for d in sent if isinstance(d, Delta)) == want
 
 
 def test_the_servers_own_n_predict_is_clamped_to_the_room_left(tiny):

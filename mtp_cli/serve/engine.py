@@ -27,7 +27,7 @@ from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
-from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, TokenProb, figures, stream, timings
+from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, Streamed, TokenProb, figures, stream, timings
 from mtp_cli.serve.jobs import Begun, Job, Request
 from mtp_cli.serve.requests import ChatRequest, check
 from mtp_cli.serve.slots import SlotWorker
@@ -206,7 +206,7 @@ class Engine:
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
         return Begun(job, req, tools, prompt, res)
 
-    def finish(self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats, slot: int = 0) -> None:
+    def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None:
         """The job's generation ended with this text (TextStream.close): its record, and Done."""
         job, tools, res = b.job, b.tools, b.res
         text, cut, probs, sent = out
@@ -230,7 +230,14 @@ class Engine:
             finish = "stop" if cut else "tool_calls" if calls else FINISH.get(str(st.stop_reason), "stop")
             lps = probs if res.config.logprobs is not None else None
             mtp = {**figures(st, res, res.config), "slot": slot}
-            job.emit(Done(content, finish, st, mtp, timings(st), lps, tuple(calls)))
+            job.emit(Done(content, finish, st, mtp, timings(st), lps, tuple(calls), cut))
+
+    def count(self, req: Request) -> int:
+        """The tokens of the request's prompt, rendered whole (no generation; any thread: the
+        template and the tokenizer only read the model)."""
+        check(req)
+        self._check_size(req.texts_size())
+        return len(self._prompt(req, self._tool_plan(req), Session(self.rt)).tokens)
 
     def _config(self, req: Request, tools: Optional[ToolPlan], n_prompt: int) -> GenConfig:
         """The request's settings over the server's: a random seed drawn (and said), a forced tool

@@ -47,6 +47,7 @@ class Done:
     timings: dict[str, Any]
     probs: Optional[tuple[TokenProb, ...]] = None  # (every token's, when log-probabilities are asked)
     tool_calls: tuple[Call, ...] = ()
+    stop_sequence: Optional[str] = None  # (the stop string that ended it)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Failed:
 
 
 Event = Union[Started, Delta, Done, Failed]
+Streamed = tuple[str, Optional[str], tuple[TokenProb, ...], int]  # TextStream.close()
 
 
 class Emitting(Protocol):
@@ -79,7 +81,8 @@ class TextStream:
         held: Optional[Callable[[str], int]] = None,
     ):
         self.job, self.stops, self.prob, self.held = job, stops, prob, held
-        self.out, self.sent, self.cut = "", 0, False
+        self.out, self.sent = "", 0
+        self.cut: Optional[str] = None  # (the stop string that cut the text)
         self.probs: list[TokenProb] = []
         self._told = 0  # (probs already sent with a delta)
         self._hold = max((len(s) for s in stops), default=1) - 1
@@ -97,9 +100,10 @@ class TextStream:
         lo = max(0, len(self.out) - self._hold)
         self.out += ev.text
         if self.stops:
-            found = [i for s in self.stops if (i := self.out.find(s, lo)) >= 0]
+            found = [(i, s) for s in self.stops if (i := self.out.find(s, lo)) >= 0]
             if found:
-                self.out, self.cut = self.out[: min(found)], True
+                at, self.cut = min(found)
+                self.out = self.out[:at]
                 return True
         upto = self._visible()
         if upto > self.sent:
@@ -107,8 +111,8 @@ class TextStream:
             self.sent, self._told = upto, len(self.probs)
         return False
 
-    def close(self) -> tuple[str, bool, tuple[TokenProb, ...], int]:
-        """The rest sent (nothing held back now); (the text, whether a stop string cut it, the tokens'
+    def close(self) -> Streamed:
+        """The rest sent (nothing held back now); (the text, the stop string that cut it or None, the tokens'
         log-probabilities when asked, how much of the text was sent)."""
         self._hold = self._hold_calls = 0
         upto = max(self.sent, self._visible())
@@ -124,7 +128,7 @@ def stream(
     stops: list[str],
     prob: Callable[[TokenEvent], TokenProb],
     held: Optional[Callable[[str], int]] = None,
-) -> tuple[str, bool, tuple[TokenProb, ...], int]:
+) -> Streamed:
     """Run the generation through a TextStream (see there) until it ends, is cut, or is cancelled."""
     ts = TextStream(job, stops, prob, held)
     try:
@@ -187,6 +191,7 @@ __all__ = [
     "Event",
     "FINISH",
     "TextStream",
+    "Streamed",
     "stream",
     "figures",
     "timings",

@@ -21,12 +21,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TextPart(Strict):
+class TextPart(BaseModel):
+    """A part's other keys (Anthropic-style `cache_control`, say) are ignored, as OpenAI ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
 
-class RefusalPart(Strict):
+class RefusalPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
     type: Literal["refusal"]
     refusal: str
 

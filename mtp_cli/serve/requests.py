@@ -20,6 +20,7 @@ from mtp_cli.errors import ConfigError
 from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
 
 MAX_STOP = 4  # the OpenAI API's limit on stop strings
+MAX_CHOICES = 16  # `n`: each choice is a generation of its own (batched with -np)
 # request field -> the GenConfig field it sets (errors name the request's field: request_name)
 CONFIG_FIELD = {
     "temperature": "temp",
@@ -62,7 +63,7 @@ class Sampling(Strict):
     stop: Union[str, list[str], None] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    n: Optional[int] = 1
+    n: Optional[int] = Field(1, ge=1, le=MAX_CHOICES)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)  # (None: the server's own)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None  # token id -> bias (-100: never, as OpenAI's)
@@ -86,8 +87,6 @@ class Sampling(Strict):
 
     def unsupported(self) -> Optional[str]:
         """The first field set to something mtp-cli does not do, said in one line; None if none."""
-        if self.n not in (None, 1):
-            return f"`n` must be 1 (one completion per request), got {self.n}"
         bad = [k for k in self.logit_bias or {} if not k.strip().isdigit()]
         if bad:
             return f"`logit_bias` keys are token ids, got {bad[0]!r}"
@@ -282,5 +281,6 @@ __all__ = [
     "check",
     "request_name",
     "MAX_STOP",
+    "MAX_CHOICES",
     "CONFIG_FIELD",
 ]

@@ -18,7 +18,7 @@ from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.memory import common_prefix
 from mtp_cli.runtime import Runtime
-from mtp_cli.serve.events import Failed, Started, TextStream, TokenProb
+from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb
 from mtp_cli.serve.jobs import Begun, Job
 from mtp_cli.session import Session, Taken
 from mtp_cli.slots import BatchRunner, StepOut
@@ -41,9 +41,7 @@ class Host(Protocol):
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun: ...
 
-    def finish(
-        self, b: Begun, out: tuple[str, bool, tuple[TokenProb, ...], int], st: GenStats, slot: int = 0
-    ) -> None: ...
+    def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None: ...
 
     def _prob(self, ev: TokenEvent) -> TokenProb: ...
 

@@ -1,0 +1,254 @@
+"""OpenAI's Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id}): a request read
+as a chat completion (mtp_cli.serve.responses_in), run on the engine like one, answered as a
+Response (output items: a message, function calls), streamed as Responses events; responses kept
+in memory for `previous_response_id` while the server lives (`store`, on by default)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import OrderedDict
+from typing import Any, Optional
+
+from fastapi.responses import StreamingResponse
+
+from mtp_cli.errors import ConfigError
+from mtp_cli.serve.engine import Engine, now
+from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
+from mtp_cli.serve.openai_out import SSE_HEADERS
+from mtp_cli.serve.replies import GONE, error, said
+from mtp_cli.serve.responses_in import RENAMED, ResponsesRequest, chat_request
+from mtp_cli.serve.runs import Run
+
+MAX_KEPT = 1024  # responses kept for previous_response_id (the oldest goes first)
+
+
+class Store:
+    """Responses kept by id: the Response as sent, and the conversation it ended (chat messages)."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+
+    def put(self, doc: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self._kept[doc["id"]] = (doc, history)
+        while len(self._kept) > MAX_KEPT:
+            self._kept.popitem(last=False)
+
+    def get(self, rid: str) -> Optional[dict[str, Any]]:
+        got = self._kept.get(rid)
+        return got[0] if got else None
+
+    def history(self, rid: str) -> list[dict[str, Any]]:
+        if rid not in self._kept:
+            raise ConfigError(
+                f"`previous_response_id`: no response {rid!r} is kept (stored responses last while the server runs)"
+            )
+        return self._kept[rid][1]
+
+    def pop(self, rid: str) -> Optional[dict[str, Any]]:
+        got = self._kept.pop(rid, None)
+        return got[0] if got else None
+
+
+async def respond(engine: Engine, store: Store, req: ResponsesRequest, client: Any) -> Any:
+    try:
+        chat, history = chat_request(req, store.history(req.previous_response_id) if req.previous_response_id else [])
+    except ConfigError as e:
+        return error(400, said(Failed(e, 400), RENAMED)[0])
+    run = Run(engine, [chat], client)
+    rid = "resp_" + run.id + secrets.token_hex(6)
+    head = _head(req, rid, engine.alias)
+    first = await run.begin()
+    if first is None:
+        return error(GONE, "client closed the request")
+    if isinstance(first, Failed):
+        text, code = said(first, RENAMED)
+        return error(first.status, text, code=code)
+    if req.stream:
+        run.streaming()
+        keep = store if req.store is not False else None
+        events = _events(run, head, first, keep, history)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        done = await run.whole()
+    finally:
+        run.close()
+    if done is None:
+        return error(GONE, "client closed the request")
+    if isinstance(done, Failed):
+        text, code = said(done, RENAMED)
+        return error(done.status, text, code=code)
+    doc = _finished(head, first, done[0])
+    _keep(store if req.store is not False else None, doc, history, done[0])
+    return doc
+
+
+def _head(req: ResponsesRequest, rid: str, model: str) -> dict[str, Any]:
+    """The Response's fields that echo the request."""
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": now(),
+        "status": "in_progress",
+        "model": model,
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": req.tools or [],
+        "text": req.text or {"format": {"type": "text"}},
+        "truncation": req.truncation or "disabled",
+        "metadata": req.metadata or {},
+        "store": req.store is not False,
+        "user": req.user,
+        "usage": None,
+    }
+
+
+def _message(mid: str, text: str, probs: Optional[tuple[TokenProb, ...]], status: str = "completed") -> dict[str, Any]:
+    return {"id": mid, "type": "message", "status": status, "role": "assistant", "content": [_text_part(text, probs)]}
+
+
+def _text_part(text: str, probs: Optional[tuple[TokenProb, ...]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": _logprobs(probs)}
+
+
+def _logprobs(probs: Optional[tuple[TokenProb, ...]]) -> list[dict[str, Any]]:
+    def entry(text: str, raw: bytes, lp: float) -> dict[str, Any]:
+        return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+    return [{**entry(p.text, p.raw, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs or ()]
+
+
+def _calls(done: Done) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": "fc_" + c.id[5:],
+            "type": "function_call",
+            "status": "completed",
+            "call_id": c.id,
+            "name": c.name,
+            "arguments": c.arguments,
+        }
+        for c in done.tool_calls
+    ]
+
+
+def _finished(head: dict[str, Any], first: Started, done: Done, mid: Optional[str] = None) -> dict[str, Any]:
+    """The whole Response once the generation ended."""
+    output = (
+        [_message(mid or "msg_" + secrets.token_hex(12), done.text, done.probs)]
+        if done.text or not done.tool_calls
+        else []
+    )
+    output += _calls(done)
+    cut = done.finish_reason == "length"
+    usage = {
+        "input_tokens": first.n_prompt,
+        "input_tokens_details": {"cached_tokens": first.n_cached},
+        "output_tokens": done.stats.n_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": first.n_prompt + done.stats.n_tokens,
+    }
+    return {
+        **head,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "output": output,
+        "usage": usage,
+        "mtp": done.mtp,
+        "timings": done.timings,
+    }
+
+
+def _keep(store: Optional[Store], doc: dict[str, Any], history: list[dict[str, Any]], done: Done) -> None:
+    """The response and the conversation it ended, kept for a follow-up (store None: not kept)."""
+    if store is None:
+        return
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in done.tool_calls
+    ]
+    answer: dict[str, Any] = {"role": "assistant", "content": done.text}
+    if calls:
+        answer["tool_calls"] = calls
+    store.put(doc, [*history, answer])
+
+
+async def _events(
+    run: Run, head: dict[str, Any], first: Started, store: Optional[Store], history: list[dict[str, Any]]
+) -> Any:
+    """The Responses event stream: created, in_progress, the message's item, part and text deltas,
+    each function call's item and arguments, then completed (or incomplete); an error event if it fails."""
+    seq = 0
+
+    def event(kind: str, **fields: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **fields})}\n\n"
+
+    mid, opened, text = "msg_" + secrets.token_hex(12), False, ""
+    where = {"item_id": mid, "output_index": 0, "content_index": 0}
+    try:
+        yield event("response.created", response=head)
+        yield event("response.in_progress", response=head)
+        while True:
+            _, ev = await run.next()
+            if isinstance(ev, Delta):
+                if not opened and ev.text:
+                    opened = True
+                    yield event(
+                        "response.output_item.added",
+                        output_index=0,
+                        item={**_message(mid, "", None, "in_progress"), "content": []},
+                    )
+                    yield event("response.content_part.added", **where, part=_text_part("", None))
+                if ev.text:
+                    text += ev.text
+                    yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs))
+            elif isinstance(ev, Done):
+                doc = _finished(head, first, ev, mid)
+                if opened:
+                    part = doc["output"][0]["content"][0]
+                    yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
+                    yield event("response.content_part.done", **where, part=part)
+                    yield event("response.output_item.done", output_index=0, item=doc["output"][0])
+                for k, item in enumerate(doc["output"][1 if opened else 0 :], start=1 if opened else 0):
+                    if item["type"] == "message":  # (no text streamed, but a message: say it whole)
+                        yield event("response.output_item.added", output_index=k, item=item)
+                        yield event("response.output_item.done", output_index=k, item=item)
+                        continue
+                    at = {"item_id": item["id"], "output_index": k}
+                    yield event(
+                        "response.output_item.added",
+                        output_index=k,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    )
+                    yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+                    yield event(
+                        "response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"]
+                    )
+                    yield event("response.output_item.done", output_index=k, item=item)
+                _keep(store, doc, history, ev)
+                yield event(f"response.{doc['status']}", response=doc)
+                return
+            elif isinstance(ev, Failed) or ev is None:
+                message, code = said(ev, RENAMED) if ev is not None else ("client closed the request", None)
+                yield event(
+                    "error",
+                    code=code or ("server_error" if ev is None or ev.status >= 500 else "invalid_request"),
+                    message=message,
+                    param=None,
+                )
+                return
+    finally:
+        run.close()
+
+
+__all__ = ["Store", "respond"]
