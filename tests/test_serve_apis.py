@@ -5,6 +5,7 @@ extra keys in content parts. Greedy text equals the chat completion's (itself `g
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Literal
 
@@ -272,3 +273,61 @@ def test_n_choices_models_retrieve_and_extra_keys_in_parts(hermes):
             texts[choice.index] += choice.delta.content or ""
     assert texts == [ch.message.content for ch in two.choices]
     assert c.models.retrieve("gpt-4o").id == "gpt-4o"
+
+
+@pytest.fixture(scope="module")
+def embedding(tmp_path_factory) -> Iterator[Served]:
+    from tests.factory import tiny_model_set
+
+    tiny = tiny_model_set(tmp_path_factory.mktemp("embed"), "glm4moe", "structured", "q8_0", head_noise=1.5)
+    engine = Engine.load(
+        tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=256, n_threads=1), embeddings="mean"
+    )
+    s = Served(engine.start())
+    yield s
+    s.close()
+    engine.close()
+
+
+def test_embeddings_through_the_openai_client_and_langchain(embedding, hermes):
+    """Unit vectors, the same for the same text (as text or as its tokens, floats or base64), equal
+    to the library's own; langchain's OpenAIEmbeddings; a server without --embeddings says so (501)."""
+    import numpy as np
+
+    from mtp_cli.embeddings import Embedder
+
+    c = embedding.client()
+    rt = embedding.engine.rt
+    got = c.embeddings.create(model="m", input=["the cat", "the cat", "a dog runs far"])  # (the client asks for base64)
+    vecs = [np.array(d.embedding) for d in got.data]
+    assert [d.index for d in got.data] == [0, 1, 2] and all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in vecs)
+    assert float(vecs[0] @ vecs[1]) > 0.9999 and float(vecs[0] @ vecs[2]) < 0.99
+    floats = c.embeddings.create(model="m", input=rt.tokenize("the cat"), encoding_format="float")
+    assert np.allclose(floats.data[0].embedding, vecs[0], atol=1e-6) and got.usage.prompt_tokens == 2 * len(
+        rt.tokenize("the cat")
+    ) + len(rt.tokenize("a dog runs far"))
+    own = Embedder(rt.model, 256, "mean", 1)
+    try:
+        assert np.allclose(own.embed([rt.tokenize("a dog runs far")])[0], vecs[2], atol=1e-5)
+    finally:
+        own.close()
+    langchain_openai = pytest.importorskip("langchain_openai")
+    lc = langchain_openai.OpenAIEmbeddings(
+        base_url=f"http://127.0.0.1:{embedding.port}/v1", api_key="none", model="m", check_embedding_ctx_length=False
+    )
+    assert np.allclose(lc.embed_query("the cat"), vecs[0], atol=1e-5) and len(lc.embed_documents(["a", "b"])) == 2
+    for bad, says in (
+        ({"input": ""}, "`input.0` is empty"),
+        ({"input": "x", "dimensions": 3}, "`dimensions`"),
+        ({"input": [[10**9]]}, "outside the vocabulary"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=re.escape(says)):
+            c.embeddings.create(model="m", **bad)
+    assert (
+        c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        ).usage.completion_tokens
+        == 3
+    )
+    status, doc = hermes.raw("POST", "/v1/embeddings", json.dumps({"input": "x"}))
+    assert status == 501 and "--embeddings" in doc["error"]["message"]

@@ -30,7 +30,7 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     "api_key",
     envvar="LLAMA_API_KEY",
     show_envvar=True,
-    help="Require `Authorization: Bearer KEY` on every endpoint but /health.",
+    help="Require the key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every endpoint but /health.",
 )
 @click.option(
     "-a",
@@ -64,6 +64,22 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     show_default=True,
     help="Slots: requests run at once, in one batched decode per step; the context (-c) is split among them.",
 )
+@click.option(
+    "--embeddings",
+    "--embedding",
+    "embeddings",
+    is_flag=True,
+    envvar="LLAMA_ARG_EMBEDDINGS",
+    help="Serve /v1/embeddings: the model's pooled embeddings, from a context of their own beside the generation's.",
+)
+@click.option(
+    "--pooling",
+    type=click.Choice(["mean", "cls", "last"]),
+    default="mean",
+    show_default=True,
+    envvar="LLAMA_ARG_POOLING",
+    help="How /v1/embeddings pools a text's rows into one vector.",
+)
 @go.context
 @opt.threads
 @opt.gpu_layers
@@ -73,11 +89,20 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
 @placement
 @llama_compat
 def serve(
-    model: Path | None, host: str, port: int, api_key: str | None, alias: str | None, cors_origins: str, **opts: Any
+    model: Path | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    alias: str | None,
+    cors_origins: str,
+    embeddings: bool,
+    pooling: str,
+    **opts: Any,
 ) -> None:
-    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health),
-    drafting with its MTP head; each response carries `usage` and an `mtp` object (drafted,
-    accepted, acceptance by position, tokens per pass, the N used). Needs: pip install 'mtp-cli[serve]'."""
+    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/models, /v1/embeddings with --embeddings), Anthropic's (/v1/messages) and /health, drafting
+    with its MTP head; each response carries `usage` and an `mtp` object (drafted, accepted,
+    acceptance by position, tokens per pass, the N used). Needs: pip install 'mtp-cli[serve]'."""
     from mtp_cli.serve import require_serve
 
     _, uvicorn = require_serve()
@@ -92,7 +117,8 @@ def serve(
         model = demo_file()
         opts = go.demo_settings(opts)
     base = go.gen_config(opts, model)
-    engine = Engine.load(model, base, alias, load=load_of(opts, base.spec_type)[0]).start()
+    load = load_of(opts, base.spec_type)[0]
+    engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None).start()
     _request_log()
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     res = engine.startup

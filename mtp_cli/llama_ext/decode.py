@@ -149,6 +149,14 @@ def logits_rows(ctx: Context, n_rows: int, n_vocab_: int) -> np.ndarray:
     return float_view(address, int(n_rows) * int(n_vocab_)).reshape(int(n_rows), int(n_vocab_))
 
 
+def embeddings_seq(ctx: Context, seq_id: int, n_embd: int) -> np.ndarray:
+    """The pooled embedding of a sequence after a decode in a context made with `pooling` (a copy)."""
+    ptr = _C.llama_get_embeddings_seq(ctx, int(seq_id))
+    if not ptr:
+        raise LlamaError(f"no pooled embedding for sequence {seq_id} (a context without pooling?)")
+    return np.ctypeslib.as_array(ptr, shape=(int(n_embd),)).copy()
+
+
 def memory_seq_rm(ctx: Context, seq_id: int, p0: int, p1: int = -1) -> bool:
     """Remove cells [p0, p1) of a sequence (p1=-1: to the end); False if llama.cpp refuses
     (a recurrent state that cannot roll back that far)."""

@@ -121,6 +121,7 @@ def create_context(
     n_seq_max: int = 1,
     n_outputs_max: int = 0,
     embeddings: bool = False,
+    pooling: Optional[int] = None,
     kv: Optional[KvOptions] = None,
 ) -> Context:
     """Create a context (close it, or its model, to free it). For an MTP draft context pass ctx_type=CTX_TYPE_MTP and
@@ -149,6 +150,8 @@ def create_context(
     params.n_threads_batch = int(n_threads_batch if n_threads_batch is not None else threads)
     params.ctx_type = int(ctx_type)
     params.embeddings = bool(embeddings)
+    if pooling is not None:  # (llama.cpp's LLAMA_POOLING_TYPE_*: pooled embeddings per sequence)
+        params.pooling_type = int(pooling)
     if kv is not None:
         _set_kv(params, kv)
     if _HAS_N_RS_SEQ:
@@ -189,6 +192,9 @@ def _set_kv(params: Any, kv: KvOptions) -> None:
     if kv.flash_attn is not None:
         on = kv.flash_attn
         params.flash_attn_type = _C.LLAMA_FLASH_ATTN_TYPE_ENABLED if on else _C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
+POOLING = {"mean": _C.LLAMA_POOLING_TYPE_MEAN, "cls": _C.LLAMA_POOLING_TYPE_CLS, "last": _C.LLAMA_POOLING_TYPE_LAST}
 
 
 def n_embd_out(model: Model) -> int:

@@ -19,7 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from mtp_cli.serve import anthropic, openai_out, responses
+from mtp_cli.serve import anthropic, embed, openai_out, responses
 from mtp_cli.serve.engine import Engine, model_info
 from mtp_cli.serve.replies import anthropic_error, error
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest
@@ -141,6 +141,9 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
             return error(404, f"no response {response_id!r} is kept", param="response_id")
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
+    async def embeddings(req: embed.EmbeddingRequest) -> Any:
+        return await embed.respond(engine, req)
+
     async def messages(req: anthropic.MessagesRequest, request: Request) -> Any:
         return await anthropic.respond(engine, req, request)
 
@@ -158,6 +161,7 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
         app.add_api_route(
             f"{prefix}/responses/{{response_id}}", delete_response, methods=["DELETE"], dependencies=guarded
         )
+        app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"], dependencies=guarded)
         app.add_api_route(f"{prefix}/messages", messages, methods=["POST"], dependencies=guarded)
         app.add_api_route(f"{prefix}/messages/count_tokens", count_tokens, methods=["POST"], dependencies=guarded)
     return app

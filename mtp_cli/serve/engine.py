@@ -25,10 +25,11 @@ from typing import Any, Optional, Union
 from mtp_cli import drafters
 from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig, LoadConfig
+from mtp_cli.embeddings import Embedder
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, Streamed, TokenProb, figures, stream, timings
-from mtp_cli.serve.jobs import Begun, Job, Request
+from mtp_cli.serve.jobs import Begun, Embedded, EmbedJob, Job, Request
 from mtp_cli.serve.requests import ChatRequest, check
 from mtp_cli.serve.slots import SlotWorker
 from mtp_cli.serve.tools import FORMATS, ToolFormat, ToolPlan, format_of, generic_messages, plan
@@ -61,7 +62,7 @@ class Record:
 class Engine:
     """The server's model: `submit` jobs from any thread; one worker thread runs them in order."""
 
-    def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None):
+    def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None, embeddings: Optional[str] = None):
         self.rt, self.base = rt, base
         self.alias = alias or rt.model_path.name
         self.auto = AutoDraft(rt)
@@ -70,7 +71,9 @@ class Engine:
         rt.longest_token  # noqa: B018  (computed now, not in the first request)
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
-        self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
+        self._jobs: queue.Queue[Union[Job, EmbedJob, None]] = queue.Queue()
+        # (`embeddings`: the pooling of /v1/embeddings, from a context of its own; None: no embeddings)
+        self.embedder = Embedder(rt.model, self.n_ctx, embeddings, base.n_threads) if embeddings else None
         self.session = Session(rt)
         self.tool_format, self.knows_tools = _tool_format(rt)
         self._active: dict[int, Job] = {}  # by slot: the jobs running
@@ -86,6 +89,7 @@ class Engine:
         alias: Optional[str] = None,
         *,
         load: Optional[LoadConfig] = None,
+        embeddings: Optional[str] = None,
     ) -> Engine:
         """The model loaded (by `load`; without one, for base's spec type) and served with `base`, by
         the worker thread that will run every job: llama.cpp's computing stays on the thread that
@@ -98,7 +102,7 @@ class Engine:
             try:
                 rt = Runtime.load(model, load or LoadConfig(spec_type=base.spec_type))
                 try:
-                    engine = cls(rt, base, alias)
+                    engine = cls(rt, base, alias, embeddings)
                 except BaseException:
                     rt.close()
                     raise
@@ -129,7 +133,7 @@ class Engine:
     def _serve(self) -> None:
         (SlotWorker(self).run if self.rt.config.n_parallel > 1 else self._work)()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Union[Job, EmbedJob]) -> None:
         self._jobs.put(job)
 
     @property
@@ -170,12 +174,17 @@ class Engine:
         if self._thread is not None and self._thread.is_alive():
             log.warning("the worker is still decoding: the model is left to the process's exit")
             return
+        if self.embedder is not None:
+            self.embedder.close()
         self.rt.close()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set() or self._closing.is_set():
                 continue  # (its client left while it waited, or the server is stopping)
+            if isinstance(job, EmbedJob):
+                self.embed(job)
+                continue
             self._active[0] = job
             try:
                 self._run(job)
@@ -186,6 +195,18 @@ class Engine:
                 job.emit(Failed(e, 500))
             finally:
                 self._active.pop(0, None)
+
+    def embed(self, job: EmbedJob) -> None:
+        """Run an embedding job (on the worker, between generation steps)."""
+        try:
+            if self.embedder is None:
+                raise ConfigError("this server does not embed: start it with --embeddings")
+            job.emit(Embedded(self.embedder.embed(job.inputs)))
+        except ConfigError as e:
+            job.emit(Failed(e, 400))
+        except Exception as e:
+            log.exception("%s: failed", job.id)
+            job.emit(Failed(e, 500))
 
     # -- one job -------------------------------------------------------------------------------
 

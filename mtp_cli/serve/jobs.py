@@ -7,7 +7,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from mtp_cli.serve.events import Event
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest
@@ -26,6 +26,21 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class EmbedJob:
+    """Inputs (token ids) to embed; the worker emits Embedded or Failed."""
+
+    inputs: list[list[int]]
+    emit: Callable[[Any], None]
+    id: str = field(default_factory=lambda: "emb-" + secrets.token_hex(6))
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list[Any]  # (numpy rows)
+
+
 @dataclass(frozen=True)
 class Begun:
     """A job checked and readied: its request, tool plan, prompt and resolved settings."""
@@ -41,4 +56,4 @@ class Begun:
         return self.tools.fmt.held_from if self.tools else None
 
 
-__all__ = ["Job", "Begun", "Request"]
+__all__ = ["Job", "EmbedJob", "Embedded", "Begun", "Request"]

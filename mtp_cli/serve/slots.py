@@ -12,14 +12,14 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.memory import common_prefix
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb
-from mtp_cli.serve.jobs import Begun, Job
+from mtp_cli.serve.jobs import Begun, EmbedJob, Job
 from mtp_cli.session import Session, Taken
 from mtp_cli.slots import BatchRunner, StepOut
 from mtp_cli.speed.auto import AutoDraft
@@ -35,7 +35,7 @@ class Host(Protocol):
 
     rt: Runtime
     base: GenConfig
-    _jobs: queue.Queue[Optional[Job]]
+    _jobs: queue.Queue[Union[Job, EmbedJob, None]]
     _closing: threading.Event
     _active: dict[int, Job]
 
@@ -44,6 +44,8 @@ class Host(Protocol):
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None: ...
 
     def _prob(self, ev: TokenEvent) -> TokenProb: ...
+
+    def embed(self, job: EmbedJob) -> None: ...
 
 
 @dataclass
@@ -96,6 +98,9 @@ class SlotWorker:
                 return
             if job.cancelled.is_set() or self.e._closing.is_set():
                 continue  # (its client left while it waited, or the server is stopping)
+            if isinstance(job, EmbedJob):  # (no slot: run between two steps)
+                self.e.embed(job)
+                continue
             self._start(job)
             if self.slots:
                 return
