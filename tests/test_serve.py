@@ -305,6 +305,10 @@ def test_the_command_serves_logs_one_line_per_request_and_stops_on_ctrl_c(tiny):
         assert r.usage.completion_tokens == 5
         logged = proc.stderr.readline()
         assert re.search(r"req-\w+: 3 prompt tokens \(0 cached\), 5 generated at [\d.]+ t/s, mtp N=3", logged), logged
+        seeds = {
+            client.completions.create(model="m", prompt="hi", max_tokens=1).model_extra["mtp"]["seed"] for _ in range(3)
+        }
+        assert len(seeds) == 3  # (found by llama.cpp's suite: every request without a seed drew the server's one)
         proc.send_signal(signal.SIGINT)  # (uvicorn shuts down, then the CLI says "interrupted", as everywhere)
         assert proc.wait(timeout=30) == 130 and "interrupted" in proc.stderr.read()
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,7 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     envvar="LLAMA_ARG_POOLING",
     help="How /v1/embeddings pools a text's rows into one vector.",
 )
+@opt.seed
 @go.context
 @opt.threads
 @opt.gpu_layers
@@ -110,13 +112,14 @@ def serve(
     from mtp_cli.serve.engine import Engine
 
     sock = _listen(host, port)  # (before the model loads: a busy port fails at once)
-    opts = {**opts, "seed": -1}  # (each sampled request draws its own, and says it)
     if model is None:
         from mtp_cli.cli.demo_model import demo_file
 
         model = demo_file()
         opts = go.demo_settings(opts)
     base = go.gen_config(opts, model)
+    if opts["seed"] < 0:  # (each sampled request without a seed draws its own, and says it)
+        base = replace(base, seed=-1)
     load = load_of(opts, base.spec_type)[0]
     engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None).start()
     _request_log()

@@ -107,6 +107,20 @@ def _opened(path: Path) -> GGUFFile:
     return open_gguf(path)  # bounds-checked before llama.cpp sees it
 
 
+def _check_kind(model: Model, ctx_type: int) -> None:
+    """Refuse the context kinds llama.cpp would crash on for this model."""
+    info = model.info
+    if ctx_type == CTX_TYPE_MTP:
+        if n_layer_nextn(model) == 0:
+            raise LlamaError("an MTP context needs a model with MTP head blocks (nextn_predict_layers > 0)")
+        if not info.load_mtp:
+            # llama.cpp would GGML_ASSERT (abort the process) on the missing nextn tensors
+            raise LlamaError(f"{info.path}: loaded without load_mtp=True; cannot create an MTP context")
+    elif info.mtp_only:
+        # llama.cpp would segfault building the trunk graph of a model with no trunk
+        raise LlamaError(f"{info.path}: an MTP-only sidecar runs only in an MTP context (ctx_type=CTX_TYPE_MTP)")
+
+
 def create_context(
     model: Model,
     *,
@@ -130,16 +144,7 @@ def create_context(
     `n_rs_seq` = recurrent-state snapshots per sequence for rollback (target of a hybrid arch
     such as qwen35: >= the draft length; 0 for the MTP context). Raises LlamaError on NULL."""
     init_backend()
-    info = model.info
-    if ctx_type == CTX_TYPE_MTP:
-        if n_layer_nextn(model) == 0:
-            raise LlamaError("an MTP context needs a model with MTP head blocks (nextn_predict_layers > 0)")
-        if not info.load_mtp:
-            # llama.cpp would GGML_ASSERT (abort the process) on the missing nextn tensors
-            raise LlamaError(f"{info.path}: loaded without load_mtp=True; cannot create an MTP context")
-    elif info.mtp_only:
-        # llama.cpp would segfault building the trunk graph of a model with no trunk
-        raise LlamaError(f"{info.path}: an MTP-only sidecar runs only in an MTP context (ctx_type=CTX_TYPE_MTP)")
+    _check_kind(model, ctx_type)
     params = _C.llama_context_default_params()
     params.n_ctx = int(n_ctx)
     params.n_batch = min(int(n_batch), int(n_ctx)) if n_ctx else int(n_batch)

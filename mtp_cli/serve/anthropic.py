@@ -58,13 +58,16 @@ class MessagesRequest(CountRequest):
 
 def chat_request(req: CountRequest) -> ChatRequest:
     """The chat completion the request stands for; ConfigError naming what cannot be honoured."""
-    if (req.thinking or {}).get("type", "disabled") != "disabled":
-        raise ConfigError("`thinking`: extended thinking is not supported (this model does not reason apart)")
+    thinking = (req.thinking or {}).get("type")
+    if thinking not in (None, "enabled", "disabled", "adaptive"):
+        raise ConfigError(f"`thinking.type` takes enabled, adaptive or disabled, got {thinking!r}")
     system = req.system if isinstance(req.system, str) else _texts(req.system or [], "system")
     msgs = [{"role": "system", "content": system}] if system else []
     for i, m in enumerate(req.messages):
         msgs += _message(m, f"messages.{i}")
     body: dict[str, Any] = {"messages": msgs}
+    if thinking is not None:  # (as the chat template's enable_thinking: a template without it ignores it)
+        body["chat_template_kwargs"] = {"enable_thinking": thinking != "disabled"}
     if isinstance(req, MessagesRequest):
         if req.container is not None:
             raise ConfigError("`container`: this server runs no code-execution container")
@@ -101,7 +104,7 @@ def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise ConfigError(f"`{where}.content` must be a string or a list of blocks")
-    text, calls, results = [], [], []
+    text, calls, results, thought = [], [], [], []
     for k, b in enumerate(content):
         kind = b.get("type") if isinstance(b, dict) else None
         at = f"{where}.content.{k}"
@@ -120,13 +123,17 @@ def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
             body = b.get("content", "")
             said_ = body if isinstance(body, str) else _texts(body or [], f"{at}.content")
             results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": said_})
-        elif kind not in ("thinking", "redacted_thinking"):  # (this model's answers have none to read)
+        elif kind == "thinking" and role == "assistant":  # (the template's reasoning_content, where it has one)
+            thought.append(str(b.get("thinking", "")))
+        elif kind != "redacted_thinking":  # (encrypted for another model: nothing to read)
             raise ConfigError(f"`{at}`: {kind} blocks are not supported here (text, tool_use, tool_result)")
     out = list(results)
     if text or calls or not results:
         msg: dict[str, Any] = {"role": role, "content": "".join(text)}
         if calls:
             msg["tool_calls"] = calls
+        if thought:
+            msg["reasoning_content"] = "".join(thought)
         out.append(msg)
     return out
 
@@ -227,7 +234,7 @@ def _head(mid: str, model: str, first: Started, d: Optional[Done]) -> dict[str, 
         else STOP_REASON.get(d.finish_reason, "end_turn"),
         "stop_sequence": None if d is None else d.stop_sequence,
         "usage": _usage(first, 0 if d is None else d.stats.n_tokens),
-        **({"mtp": d.mtp, "timings": d.timings} if d is not None else {}),
+        **({"mtp": d.mtp} if d is not None else {}),  # (no llama-server `timings`: as llama-server's Messages)
     }
 
 
@@ -268,7 +275,7 @@ async def _events(run: Run, mid: str, model: str, first: Started) -> Any:
                     yield event("content_block_stop", index=k)
                 whole = _head(mid, model, first, ev)
                 delta = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
-                yield event("message_delta", delta=delta, usage=whole["usage"], mtp=ev.mtp, timings=ev.timings)
+                yield event("message_delta", delta=delta, usage=whole["usage"], mtp=ev.mtp)
                 yield event("message_stop")
                 return
             elif isinstance(ev, Failed) or ev is None:

@@ -75,30 +75,7 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
         allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
         allow_headers=["*"],
     )
-    kept = responses.Store()
-
-    def refuse(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
-        """An error in the shape of the API the path belongs to."""
-        if _anthropic(request):
-            return anthropic_error(status, message, headers=kw.get("headers"))
-        return error(status, message, **kw)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        msg, field = _validation_message(exc)
-        return refuse(request, 400, msg, param=field)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        if exc.status_code == 401:
-            return refuse(request, 401, str(exc.detail), code="invalid_api_key")
-        return refuse(
-            request, exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", headers=exc.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, exc: Exception) -> JSONResponse:
-        return refuse(request, 500, f"internal error: {exc}")
+    _errors(app)
 
     async def auth(request: Request) -> None:
         """A dependency, not a middleware: Starlette's middleware hides a client's disconnect. The key
@@ -112,6 +89,43 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "queued": engine.queued, "slots": engine.slots}
+
+    guarded, routes = [Depends(auth)], _routes(engine)  # (once: one store of responses for both prefixes)
+    for prefix in ("/v1", ""):
+        for path, route, method in routes:
+            app.add_api_route(prefix + path, route, methods=[method], dependencies=guarded)
+    return app
+
+
+def _refuse(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
+    """An error in the shape of the API the path belongs to."""
+    if _anthropic(request):
+        return anthropic_error(status, message, headers=kw.get("headers"))
+    return error(status, message, **kw)
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        msg, field = _validation_message(exc)
+        return _refuse(request, 400, msg, param=field)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 401:
+            return _refuse(request, 401, str(exc.detail), code="invalid_api_key")
+        return _refuse(
+            request, exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        return _refuse(request, 500, f"internal error: {exc}")
+
+
+def _routes(engine: Engine) -> list[tuple[str, Any, str]]:
+    """(path under /v1, handler, method) of every guarded route."""
+    kept = responses.Store()
 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_info(engine)]}
@@ -150,21 +164,18 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
     async def count_tokens(req: anthropic.CountRequest) -> Any:
         return await anthropic.count(engine, req)
 
-    guarded = [Depends(auth)]
-    for prefix in ("/v1", ""):
-        app.add_api_route(f"{prefix}/models", models, methods=["GET"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/models/{{model_id:path}}", model, methods=["GET"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/responses", respond, methods=["POST"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/responses/{{response_id}}", get_response, methods=["GET"], dependencies=guarded)
-        app.add_api_route(
-            f"{prefix}/responses/{{response_id}}", delete_response, methods=["DELETE"], dependencies=guarded
-        )
-        app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/messages", messages, methods=["POST"], dependencies=guarded)
-        app.add_api_route(f"{prefix}/messages/count_tokens", count_tokens, methods=["POST"], dependencies=guarded)
-    return app
+    return [
+        ("/models", models, "GET"),
+        ("/models/{model_id:path}", model, "GET"),
+        ("/chat/completions", chat, "POST"),
+        ("/completions", completions, "POST"),
+        ("/responses", respond, "POST"),
+        ("/responses/{response_id}", get_response, "GET"),
+        ("/responses/{response_id}", delete_response, "DELETE"),
+        ("/embeddings", embeddings, "POST"),
+        ("/messages", messages, "POST"),
+        ("/messages/count_tokens", count_tokens, "POST"),
+    ]
 
 
 def _anthropic(request: Request) -> bool:

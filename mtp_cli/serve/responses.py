@@ -181,37 +181,52 @@ def _keep(store: Optional[Store], doc: dict[str, Any], history: list[dict[str, A
     store.put(doc, [*history, answer])
 
 
+class _Said:
+    """Responses events as SSE, numbered in order (`sequence_number`)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, kind: str, **fields: Any) -> str:
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.seq - 1, **fields})}\n\n"
+
+    def items(self, output: list[dict[str, Any]], start: int) -> list[str]:
+        """The output items from `start` on, each whole (a function call's arguments in one delta)."""
+        out = []
+        for k, item in enumerate(output[start:], start=start):
+            if item["type"] == "message":  # (no text streamed, but a message: say it whole)
+                out += [self("response.output_item.added", output_index=k, item=item)]
+                out += [self("response.output_item.done", output_index=k, item=item)]
+                continue
+            at = {"item_id": item["id"], "output_index": k}
+            pending = {**item, "arguments": "", "status": "in_progress"}
+            out += [self("response.output_item.added", output_index=k, item=pending)]
+            out += [self("response.function_call_arguments.delta", **at, delta=item["arguments"])]
+            out += [self("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])]
+            out += [self("response.output_item.done", output_index=k, item=item)]
+        return out
+
+
 async def _events(
     run: Run, head: dict[str, Any], first: Started, store: Optional[Store], history: list[dict[str, Any]]
 ) -> Any:
     """The Responses event stream: created, in_progress, the message's item, part and text deltas,
     each function call's item and arguments, then completed (or incomplete); an error event if it fails."""
-    seq = 0
-
-    def event(kind: str, **fields: Any) -> str:
-        nonlocal seq
-        seq += 1
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **fields})}\n\n"
-
-    mid, opened, text = "msg_" + secrets.token_hex(12), False, ""
+    event, mid, opened = _Said(), "msg_" + secrets.token_hex(12), False
     where = {"item_id": mid, "output_index": 0, "content_index": 0}
     try:
         yield event("response.created", response=head)
         yield event("response.in_progress", response=head)
         while True:
             _, ev = await run.next()
-            if isinstance(ev, Delta):
-                if not opened and ev.text:
+            if isinstance(ev, Delta) and ev.text:
+                if not opened:
                     opened = True
-                    yield event(
-                        "response.output_item.added",
-                        output_index=0,
-                        item={**_message(mid, "", None, "in_progress"), "content": []},
-                    )
+                    item = {**_message(mid, "", None, "in_progress"), "content": []}
+                    yield event("response.output_item.added", output_index=0, item=item)
                     yield event("response.content_part.added", **where, part=_text_part("", None))
-                if ev.text:
-                    text += ev.text
-                    yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs))
+                yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs))
             elif isinstance(ev, Done):
                 doc = _finished(head, first, ev, mid)
                 if opened:
@@ -219,33 +234,15 @@ async def _events(
                     yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
                     yield event("response.content_part.done", **where, part=part)
                     yield event("response.output_item.done", output_index=0, item=doc["output"][0])
-                for k, item in enumerate(doc["output"][1 if opened else 0 :], start=1 if opened else 0):
-                    if item["type"] == "message":  # (no text streamed, but a message: say it whole)
-                        yield event("response.output_item.added", output_index=k, item=item)
-                        yield event("response.output_item.done", output_index=k, item=item)
-                        continue
-                    at = {"item_id": item["id"], "output_index": k}
-                    yield event(
-                        "response.output_item.added",
-                        output_index=k,
-                        item={**item, "arguments": "", "status": "in_progress"},
-                    )
-                    yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
-                    yield event(
-                        "response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"]
-                    )
-                    yield event("response.output_item.done", output_index=k, item=item)
+                for said_ in event.items(doc["output"], 1 if opened else 0):
+                    yield said_
                 _keep(store, doc, history, ev)
                 yield event(f"response.{doc['status']}", response=doc)
                 return
             elif isinstance(ev, Failed) or ev is None:
                 message, code = said(ev, RENAMED) if ev is not None else ("client closed the request", None)
-                yield event(
-                    "error",
-                    code=code or ("server_error" if ev is None or ev.status >= 500 else "invalid_request"),
-                    message=message,
-                    param=None,
-                )
+                code = code or ("server_error" if ev is None or ev.status >= 500 else "invalid_request")
+                yield event("error", code=code, message=message, param=None)
                 return
     finally:
         run.close()
