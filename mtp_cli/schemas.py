@@ -76,6 +76,8 @@ def grammar(schema: Any) -> str:
     """GBNF for the values `schema` admits; SchemaError naming what cannot be followed."""
     if not isinstance(schema, dict):
         raise SchemaError("", "schema", "must be a JSON object")
+    if _refers_to_root(schema):  # (the converter follows "#/..." only: the whole schema moves under $defs)
+        schema = {"$defs": {"root-self": moved(schema, "#/$defs/root-self")}, "$ref": "#/$defs/root-self"}
     ranges: list[str] = []
     done = _rewrite(copy.deepcopy(schema), "", ranges, schema)
     try:
@@ -85,6 +87,25 @@ def grammar(schema: Any) -> str:
     for i, rule in enumerate(ranges):  # (each placeholder constant becomes its digit range)
         text = text.replace(f'"\\"{_INT_MARK}{i}\\""', f"( {rule} )")
     return text
+
+
+def moved(x: Any, at: str) -> Any:
+    """A schema's local $refs ("#", "#/$defs/A", any pointer) made to point at where the schema now
+    sits, `at` (a pointer from the root of the schema it is embedded in)."""
+    if isinstance(x, dict):
+        return {
+            k: at + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else moved(v, at)
+            for k, v in x.items()
+        }
+    if isinstance(x, list):
+        return [moved(v, at) for v in x]
+    return x
+
+
+def _refers_to_root(x: Any) -> bool:
+    if isinstance(x, dict):
+        return x.get("$ref") == "#" or any(_refers_to_root(v) for v in x.values())
+    return isinstance(x, list) and any(_refers_to_root(v) for v in x)
 
 
 def _sub(node: dict[str, Any], at: str) -> list[tuple[str, Any, Any]]:
@@ -342,4 +363,4 @@ def checked(schema: Any, name: str) -> str:
         raise e.under(name) from None
 
 
-__all__ = ["SchemaError", "grammar", "checked", "int_range", "REFUSED"]
+__all__ = ["SchemaError", "grammar", "checked", "int_range", "moved", "REFUSED"]

@@ -158,3 +158,14 @@ def test_pydantics_usual_models_convert_and_sets_and_float_bounds_are_refused_by
 
     with pytest.raises(SchemaError, match="uniqueItems"):
         grammar(Tags.model_json_schema())
+
+
+def test_a_reference_to_the_schemas_root_is_followed():
+    """pydantic-ai writes a recursive output type as refs to "#": the converter follows "#/..." only."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["n"],
+    }
+    g = grammar(schema)
+    assert "root-self" in g and "null" in g

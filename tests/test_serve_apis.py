@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, Optional
 
+import pydantic
 import pytest
 
 pytest.importorskip("fastapi")
@@ -331,3 +332,51 @@ def test_embeddings_through_the_openai_client_and_langchain(embedding, hermes):
     )
     status, doc = hermes.raw("POST", "/v1/embeddings", json.dumps({"input": "x"}))
     assert status == 501 and "--embeddings" in doc["error"]["message"]
+
+
+class Point(pydantic.BaseModel):
+    x: int = pydantic.Field(ge=0, le=99)
+    y: int
+
+
+class Shape(pydantic.BaseModel):
+    """Nested models: pydantic writes $defs and $refs (ints and enums: the tiny model never ends a free string)."""
+
+    kind: Literal["a", "b"]
+    origin: Point
+    corners: list[Point] = pydantic.Field(max_length=2)
+    next: Optional[Shape] = None
+
+
+def test_nested_pydantic_models_as_forced_tools_and_structured_output(hermes):
+    """pydantic-ai's output_type (a forced tool), openai's pydantic_function_tool and parse, and
+    instructor's TOOLS mode where installed: nested, recursive models come back valid."""
+    c = hermes.client()
+    ask = [{"role": "user", "content": "a shape"}]
+    tool = openai.pydantic_function_tool(Shape)
+    r = c.chat.completions.create(
+        model="m",
+        messages=ask,
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "Shape"}},
+        max_tokens=400,
+        temperature=0,
+    )
+    assert Shape.model_validate_json(r.choices[0].message.tool_calls[0].function.arguments)
+    parsed = c.chat.completions.parse(model="m", messages=ask, response_format=Shape, max_tokens=400, temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, Shape)
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel(
+        "tiny", provider=OpenAIProvider(base_url=f"http://127.0.0.1:{hermes.port}/v1", api_key="none")
+    )
+    agent = pydantic_ai.Agent(model, output_type=Shape, model_settings={"max_tokens": 400, "temperature": 0})
+    assert isinstance(agent.run_sync("a shape").output, Shape)
+    instructor = pytest.importorskip("instructor")
+    client = instructor.from_openai(hermes.client(), mode=instructor.Mode.TOOLS)
+    got = client.chat.completions.create(
+        model="m", messages=ask, response_model=Shape, max_tokens=400, temperature=0, max_retries=0
+    )
+    assert isinstance(got, Shape)

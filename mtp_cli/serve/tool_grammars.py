@@ -28,19 +28,6 @@ def params(tool: Tool) -> dict[str, Any]:
     return p if isinstance(p, dict) and p else {"type": "object"}
 
 
-def _under(x: Any, at: str) -> Any:
-    """A schema's local $refs ("#", "#/$defs/A", "#/definitions/A", any pointer) made to point at
-    where the schema now sits, `at` (a pointer from the root of the schema it is embedded in)."""
-    if isinstance(x, dict):
-        return {
-            k: at + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _under(v, at)
-            for k, v in x.items()
-        }
-    if isinstance(x, list):
-        return [_under(v, at) for v in x]
-    return x
-
-
 def embedded(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each tool's parameters as a schema to embed in another, and the `$defs` the embedding one
     must carry: every tool's whole schema (its own $defs inside it) under `$defs/tool-i`, its refs
@@ -49,7 +36,7 @@ def embedded(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for i, t in enumerate(tools):
         p = params(t)
         if '"$ref"' in json.dumps(p):
-            defs[f"tool-{i}"] = _under(p, f"#/$defs/tool-{i}")
+            defs[f"tool-{i}"] = schemas.moved(p, f"#/$defs/tool-{i}")
             out.append({"$ref": f"#/$defs/tool-{i}"})
         else:
             out.append(p)
@@ -98,7 +85,7 @@ def typed_values(tools: list[Tool], quote: str = "") -> tuple[str, dict[tuple[in
     _, defs = embedded(tools)
     for i, t in enumerate(tools):
         for j, (key, sch) in enumerate(params(t).get("properties", {}).items()):
-            sch = _under(sch, f"#/$defs/tool-{i}") if isinstance(sch, dict) else {}
+            sch = schemas.moved(sch, f"#/$defs/tool-{i}") if isinstance(sch, dict) else {}
             enum = sch.get("enum")
             if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
                 exprs[i, key] = f"( {q}( " + " | ".join(lit(v) for v in enum) + f" ){qe} )"
