@@ -32,13 +32,14 @@ N_CTX = 256
 class Served:
     """A uvicorn server on a free loopback port, in a thread."""
 
-    def __init__(self, engine: Engine, api_key: str | None = None):
+    def __init__(self, engine: Engine, api_key: str | None = None, surface=None):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)
         self.port = sock.getsockname()[1]
         self.engine = engine
-        config = uvicorn.Config(create_app(engine, api_key), log_level="warning", access_log=False)
+        app = create_app(engine, api_key) if surface is None else create_app(engine, api_key, "*", surface)
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -414,7 +415,7 @@ def test_stop_strings_across_tokens_are_cut_and_nothing_is_sent_twice():
         ([], "".join(pieces)),
     ):
         sent: list = []
-        text, cut, _, _ = stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
+        text, cut, *_ = stream(gen(), Job(None, sent.append), stops, None)  # type: ignore[arg-type]
         assert text == want and cut == (stops[0] if stops else None)  # (the stop string that cut it)
         assert "".join(d.text for d in sent if isinstance(d, Delta)) == want
 

@@ -81,6 +81,21 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     envvar="LLAMA_ARG_POOLING",
     help="How /v1/embeddings pools a text's rows into one vector.",
 )
+@click.option(
+    "--metrics", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_METRICS", help="Serve Prometheus metrics at /metrics."
+)
+@click.option(
+    "--slots/--no-slots", default=True, show_default=True, envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve /slots."
+)
+@click.option("--props", "set_props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS", help="Take POST /props.")
+@click.option(
+    "--webui/--no-webui",
+    "--ui/--no-ui",
+    default=True,
+    show_default=True,
+    envvar="LLAMA_ARG_WEBUI",
+    help="The chat page at /.",
+)
 @opt.seed
 @go.context
 @opt.threads
@@ -99,6 +114,10 @@ def serve(
     cors_origins: str,
     embeddings: bool,
     pooling: str,
+    metrics: bool,
+    slots: bool,
+    set_props: bool,
+    webui: bool,
     **opts: Any,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,
@@ -108,7 +127,7 @@ def serve(
     from mtp_cli.serve import require_serve
 
     _, uvicorn = require_serve()
-    from mtp_cli.serve.api import create_app
+    from mtp_cli.serve.api import Surface, create_app
     from mtp_cli.serve.engine import Engine
 
     sock = _listen(host, port)  # (before the model loads: a busy port fails at once)
@@ -131,9 +150,13 @@ def serve(
     drafting = f"{res.config.spec_type} {n}" if drafters.drafting(res.config.spec_type) else "no drafting"
     if engine.startup.note:
         render.note(f"note: {engine.startup.note}")
-    render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}", highlight=False)
+    page = f", chat page at {where.removesuffix('/v1')}/" if webui else ""
+    render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}{page}", highlight=False)
     config = uvicorn.Config(
-        create_app(engine, api_key, cors_origins), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        create_app(engine, api_key, cors_origins, Surface(slots, metrics, set_props, webui)),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
 
     class Server(uvicorn.Server):  # type: ignore[name-defined]

@@ -11,15 +11,16 @@ abandoned) cancels its jobs at the next token.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from mtp_cli.serve import anthropic, embed, openai_out, responses
+from mtp_cli.serve import anthropic, embed, native, openai_out, responses, webui
 from mtp_cli.serve.engine import Engine, model_info
 from mtp_cli.serve.replies import anthropic_error, error
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest
@@ -61,7 +62,20 @@ class JsonBodies:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str = "*") -> FastAPI:
+@dataclass(frozen=True)
+class Surface:
+    """What the server shows beside the APIs (llama-server's flags): /slots (--no-slots: off), /metrics
+    (--metrics), POST /props (--props), the chat page at / (--no-webui: off)."""
+
+    slots: bool = True
+    metrics: bool = False
+    props: bool = False
+    webui: bool = True
+
+
+def create_app(
+    engine: Engine, api_key: Optional[str] = None, cors_origins: str = "*", surface: Surface = Surface()
+) -> FastAPI:
     """The app; `cors_origins` as llama-server's --cors-origins: "*", "localhost" (a localhost
     Origin only) or a comma-separated list."""
     app = FastAPI(title="mtp-cli", docs_url=None, redoc_url=None, openapi_url=None)
@@ -74,6 +88,7 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
         allow_origin_regex=LOCALHOST if local else None,
         allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
         allow_headers=["*"],
+        allow_credentials=True,  # (the allowed origin reflected, as llama-server does: no cookies are read)
     )
     _errors(app)
 
@@ -93,8 +108,61 @@ def create_app(engine: Engine, api_key: Optional[str] = None, cors_origins: str 
     guarded, routes = [Depends(auth)], _routes(engine)  # (once: one store of responses for both prefixes)
     for prefix in ("/v1", ""):
         for path, route, method in routes:
-            app.add_api_route(prefix + path, route, methods=[method], dependencies=guarded)
+            if not (prefix == "" and path == "/completions"):  # (llama-server's: the native one)
+                app.add_api_route(prefix + path, route, methods=[method], dependencies=guarded)
+    for path, route, method in _native(engine, surface):
+        app.add_api_route(path, route, methods=[method], dependencies=guarded)
+    if surface.webui:
+        app.add_api_route("/", webui.page, methods=["GET"], include_in_schema=False)
     return app
+
+
+def _native(engine: Engine, surface: Surface) -> list[tuple[str, Any, str]]:
+    """llama-server's own routes: (path, handler, method)."""
+
+    def off(flag: str) -> JSONResponse:
+        return error(501, f"this endpoint is off: start the server with {flag}", code="not_supported")
+
+    async def props() -> Any:
+        return native.props(engine, {"slots": surface.slots, "metrics": surface.metrics, "webui": surface.webui})
+
+    async def set_props() -> Any:
+        return off("--props") if not surface.props else error(400, "no property can be changed while serving")
+
+    async def slots() -> Any:
+        return native.slots(engine) if surface.slots else off("--slots")
+
+    async def metrics() -> Any:
+        if not surface.metrics:
+            return off("--metrics")
+        res = engine.startup
+        text = engine.metrics.text(len(engine.slots_busy), engine.queued, res.mode, res.config.spec_type)
+        headers = {"Process-Start-Time-Unix": str(engine.metrics.started)}
+        return PlainTextResponse(text, headers=headers, media_type="text/plain; version=0.0.4")
+
+    async def tokenize(req: native.TokenizeRequest) -> Any:
+        return native.tokenize(engine, req)
+
+    async def detokenize(req: native.DetokenizeRequest) -> Any:
+        return native.detokenize(engine, req)
+
+    async def apply_template(req: ChatRequest) -> Any:
+        return native.apply_template(engine, req)
+
+    async def completion(req: native.NativeRequest, request: Request) -> Any:
+        return await native.complete(engine, req, request)
+
+    return [
+        ("/props", props, "GET"),
+        ("/props", set_props, "POST"),
+        ("/slots", slots, "GET"),
+        ("/metrics", metrics, "GET"),
+        ("/tokenize", tokenize, "POST"),
+        ("/detokenize", detokenize, "POST"),
+        ("/apply-template", apply_template, "POST"),
+        ("/completion", completion, "POST"),
+        ("/completions", completion, "POST"),
+    ]
 
 
 def _refuse(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
@@ -182,4 +250,4 @@ def _anthropic(request: Request) -> bool:
     return request.url.path.rstrip("/").split("/v1", 1)[-1].startswith("/messages")
 
 
-__all__ = ["create_app", "error"]
+__all__ = ["create_app", "error", "Surface"]

@@ -30,6 +30,7 @@ from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, Streamed, TokenProb, figures, stream, timings
 from mtp_cli.serve.jobs import Begun, Embedded, EmbedJob, Job, Request
+from mtp_cli.serve.metrics import Metrics
 from mtp_cli.serve.requests import ChatRequest, check
 from mtp_cli.serve.slots import SlotWorker
 from mtp_cli.serve.tools import FORMATS, ToolFormat, ToolPlan, format_of, generic_messages, plan
@@ -71,6 +72,7 @@ class Engine:
         rt.longest_token  # noqa: B018  (computed now, not in the first request)
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
+        self.metrics = Metrics()
         self._jobs: queue.Queue[Union[Job, EmbedJob, None]] = queue.Queue()
         # (`embeddings`: the pooling of /v1/embeddings, from a context of its own; None: no embeddings)
         self.embedder = Embedder(rt.model, self.n_ctx, embeddings, base.n_threads) if embeddings else None
@@ -141,6 +143,10 @@ class Engine:
         return self._jobs.qsize()
 
     @property
+    def slots_busy(self) -> list[int]:
+        return list(self._active)
+
+    @property
     def slots(self) -> list[dict[str, Any]]:
         """Each slot: its id and whether a request runs in it (llama-server's /slots, briefly)."""
         busy = dict(self._active)
@@ -201,7 +207,10 @@ class Engine:
         try:
             if self.embedder is None:
                 raise ConfigError("this server does not embed: start it with --embeddings")
-            job.emit(Embedded(self.embedder.embed(job.inputs)))
+            t0 = time.perf_counter()
+            vectors = self.embedder.embed(job.inputs)
+            self.metrics.add_prompt(sum(len(x) for x in job.inputs), time.perf_counter() - t0)
+            job.emit(Embedded(vectors))
         except ConfigError as e:
             job.emit(Failed(e, 400))
         except Exception as e:
@@ -230,7 +239,7 @@ class Engine:
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None:
         """The job's generation ended with this text (TextStream.close): its record, and Done."""
         job, tools, res = b.job, b.tools, b.res
-        text, cut, probs, sent = out
+        text, cut, probs, sent, tokens = out
         content, calls = tools.fmt.parse(text, tools.tools) if tools and not cut else (text, [])
         if not calls and len(content) > sent and not job.cancelled.is_set():
             job.emit(Delta(content[sent:]))  # (held back as a possible call, and none was)
@@ -246,12 +255,13 @@ class Engine:
             st.n_max,
         )
         self.recent.append(rec)
+        self.metrics.add(st)
         _log(rec, st.spec_type)
         if not job.cancelled.is_set():
             finish = "stop" if cut else "tool_calls" if calls else FINISH.get(str(st.stop_reason), "stop")
             lps = probs if res.config.logprobs is not None else None
             mtp = {**figures(st, res, res.config), "slot": slot}
-            job.emit(Done(content, finish, st, mtp, timings(st), lps, tuple(calls), cut))
+            job.emit(Done(content, finish, st, mtp, timings(st), lps, tuple(calls), cut, tokens))
 
     def count(self, req: Request) -> int:
         """The tokens of the request's prompt, rendered whole (no generation; any thread: the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Union
+from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from mtp_cli.config import GenConfig
 from mtp_cli.serve.tools import Call
@@ -32,10 +32,14 @@ class TokenProb:
     top: tuple[tuple[str, bytes, float], ...]
 
 
+Piece = tuple[int, str, bool]  # a generated token: its id, its text, whether it came from an accepted draft
+
+
 @dataclass(frozen=True)
 class Delta:
     text: str
     probs: tuple[TokenProb, ...] = ()  # (the tokens since the last delta, when log-probabilities are asked)
+    pieces: tuple[Piece, ...] = ()  # (the tokens since the last delta)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Done:
     probs: Optional[tuple[TokenProb, ...]] = None  # (every token's, when log-probabilities are asked)
     tool_calls: tuple[Call, ...] = ()
     stop_sequence: Optional[str] = None  # (the stop string that ended it)
+    tokens: tuple[int, ...] = ()  # (every generated token's id)
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,16 @@ class Failed:
 
 
 Event = Union[Started, Delta, Done, Failed]
-Streamed = tuple[str, Optional[str], tuple[TokenProb, ...], int]  # TextStream.close()
+
+
+class Streamed(NamedTuple):
+    """What a TextStream sent, once closed."""
+
+    text: str
+    cut: Optional[str]  # the stop string that cut it, or None
+    probs: tuple[TokenProb, ...]  # every token's log-probabilities, when asked
+    sent: int  # how much of the text was sent
+    tokens: tuple[int, ...]  # every token's id
 
 
 class Emitting(Protocol):
@@ -84,7 +98,8 @@ class TextStream:
         self.out, self.sent = "", 0
         self.cut: Optional[str] = None  # (the stop string that cut the text)
         self.probs: list[TokenProb] = []
-        self._told = 0  # (probs already sent with a delta)
+        self.pieces: list[Piece] = []
+        self._told = self._told_pieces = 0  # (probs and pieces already sent with a delta)
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._hold_calls = 16 if held else 0  # (an opener not yet whole, e.g. "<tool_ca")
 
@@ -97,6 +112,7 @@ class TextStream:
         """One token; True when a stop string cut the text here (the generation is to stop)."""
         if ev.logprob is not None:
             self.probs.append(self.prob(ev))
+        self.pieces.append((ev.token, ev.text, ev.source == "draft"))
         lo = max(0, len(self.out) - self._hold)
         self.out += ev.text
         if self.stops:
@@ -107,19 +123,21 @@ class TextStream:
                 return True
         upto = self._visible()
         if upto > self.sent:
-            self.job.emit(Delta(self.out[self.sent : upto], tuple(self.probs[self._told :])))
-            self.sent, self._told = upto, len(self.probs)
+            self._send(upto)
         return False
 
+    def _send(self, upto: int) -> None:
+        probs, pieces = tuple(self.probs[self._told :]), tuple(self.pieces[self._told_pieces :])
+        self.job.emit(Delta(self.out[self.sent : upto], probs, pieces))
+        self.sent, self._told, self._told_pieces = upto, len(self.probs), len(self.pieces)
+
     def close(self) -> Streamed:
-        """The rest sent (nothing held back now); (the text, the stop string that cut it or None, the tokens'
-        log-probabilities when asked, how much of the text was sent)."""
+        """The rest sent (nothing held back now), and what was sent."""
         self._hold = self._hold_calls = 0
         upto = max(self.sent, self._visible())
         if (upto > self.sent or len(self.probs) > self._told) and not self.job.cancelled.is_set():
-            self.job.emit(Delta(self.out[self.sent : upto], tuple(self.probs[self._told :])))
-            self.sent = upto
-        return self.out, self.cut, tuple(self.probs), self.sent
+            self._send(upto)
+        return Streamed(self.out, self.cut, tuple(self.probs), self.sent, tuple(p[0] for p in self.pieces))
 
 
 def stream(
@@ -192,6 +210,7 @@ __all__ = [
     "FINISH",
     "TextStream",
     "Streamed",
+    "Piece",
     "stream",
     "figures",
     "timings",

@@ -132,6 +132,7 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
 
     n = len(run.jobs)
     offsets, done = [0] * n, dict[int, Done]()
+    pieces = bool(getattr(run.jobs[0].request, "mtp_pieces", False))
     try:
         if obj == "chat.completion":
             for i in range(n):
@@ -141,7 +142,8 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
             if isinstance(ev, Delta):
                 lps = _logprobs(obj, ev.probs, offsets[i]) if ev.probs else None
                 offsets[i] += sum(len(p.text) for p in ev.probs)  # (the tokens' own texts: held-back text included)
-                yield chunk([_choice(obj, i, ev.text, None, delta=True, logprobs=lps)])
+                extra = {"mtp_pieces": [[p[1], p[2]] for p in ev.pieces]} if pieces else {}
+                yield chunk([_choice(obj, i, ev.text, None, delta=True, logprobs=lps)], **extra)
             elif isinstance(ev, Done):
                 done[i] = ev
                 if ev.tool_calls:  # (each call whole, in one delta: clients join deltas by index)

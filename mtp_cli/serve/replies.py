@@ -25,7 +25,7 @@ ANTHROPIC_KIND = {
 def error(
     status: int, message: str, *, code: Optional[str] = None, param: Optional[str] = None, headers: Any = None
 ) -> JSONResponse:
-    kind = "server_error" if status >= 500 else "invalid_request_error"  # (OpenAI's two types)
+    kind = "server_error" if status >= 500 else "authentication_error" if status == 401 else "invalid_request_error"
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from mtp_cli import llama_ext as lx
 from mtp_cli import schemas
-from mtp_cli.config import MAX_LOGPROBS
+from mtp_cli.config import DRAFT_N_MAX_LIMIT, MAX_LOGPROBS
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
 
@@ -81,6 +81,8 @@ class Sampling(Strict):
     cache_prompt: Optional[bool] = None  # (llama-server's: the prefix cache is always on)
     id_slot: Optional[int] = None  # (llama-server's: one slot)
     timings_per_token: Optional[bool] = None  # (llama-server's: timings come with the last chunk)
+    mtp_pieces: Optional[bool] = None  # (mtp-cli's: each streamed chunk lists its tokens, drafted or not)
+    spec_n_max: Optional[int] = Field(None, alias="speculative.n_max", ge=1, le=DRAFT_N_MAX_LIMIT)  # (llama-server's)
     # llama-server's samplers, at their off values only
     typical_p: Optional[float] = None
     mirostat: Optional[int] = None
@@ -121,6 +123,8 @@ class Sampling(Strict):
         if self.logit_bias:  # (OpenAI's -100 bans a token: llama.cpp's -inf)
             pairs["logit_bias"] = tuple((int(k), -math.inf if v <= -100 else v) for k, v in self.logit_bias.items())
         pairs["grammar"] = self.grammar_text()
+        if self.spec_n_max is not None:  # (a fixed draft length for this request)
+            pairs["draft_n_max"], pairs["draft_mode"] = self.spec_n_max, "fixed"
         pairs["logprobs"] = self.logprob_count()
         return {k: v for k, v in pairs.items() if v is not None}
 

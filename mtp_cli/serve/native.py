@@ -1,0 +1,339 @@
+"""llama-server's own endpoints, which front-ends written for it call first: /props, /slots,
+/tokenize, /detokenize, /apply-template and the native /completion (its request fields mapped
+onto a text completion, its answer and stream in llama-server's shape, with the `mtp` object)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Optional, Union
+
+import pydantic
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from mtp_cli import __version__
+from mtp_cli.chat import render, template_of
+from mtp_cli.config import MAX_LOGPROBS
+from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
+from mtp_cli.serve.engine import Engine
+from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
+from mtp_cli.serve.messages import Strict
+from mtp_cli.serve.openai_out import SSE_HEADERS
+from mtp_cli.serve.replies import GONE, error, failed
+from mtp_cli.serve.requests import ChatRequest, CompletionRequest
+from mtp_cli.serve.runs import Run
+
+STOP_TYPE = {"length": "limit", "stop": "eos", "tool_calls": "eos"}
+
+
+class TokenizeRequest(Strict):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int]
+
+
+class NativeRequest(Strict):
+    """llama-server's /completion fields; samplers mtp-cli has not are accepted at their off values."""
+
+    prompt: Union[str, list[Union[int, str]]]
+    n_predict: Optional[int] = Field(None, ge=-1)
+    temperature: Optional[float] = Field(None, ge=0.0)
+    top_k: Optional[int] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    stream: bool = False
+    stop: Optional[list[str]] = None
+    repeat_penalty: Optional[float] = Field(None, gt=0.0)
+    repeat_last_n: Optional[int] = Field(None, ge=-1)
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    ignore_eos: Optional[bool] = None
+    logit_bias: Union[list[list[Any]], dict[str, Any], None] = None
+    n_probs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    grammar: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = None
+    return_tokens: bool = False
+    # accepted, no effect on the output: the prefix cache is always on, one slot is as good as another
+    cache_prompt: Optional[bool] = None
+    id_slot: Optional[int] = None
+    timings_per_token: Optional[bool] = None
+    n_keep: Optional[int] = None
+    n_cache_reuse: Optional[int] = None
+    samplers: Optional[list[str]] = None  # (llama.cpp's default order is the one used)
+    min_keep: Optional[int] = None
+    sse_ping_interval: Optional[float] = None
+    # llama-server's other samplers, at their off values only
+    typical_p: Optional[float] = None
+    mirostat: Optional[int] = None
+    mirostat_tau: Optional[float] = None
+    mirostat_eta: Optional[float] = None
+    dynatemp_range: Optional[float] = None
+    dynatemp_exponent: Optional[float] = None
+    dry_multiplier: Optional[float] = None
+    dry_base: Optional[float] = None
+    dry_allowed_length: Optional[int] = None
+    dry_penalty_last_n: Optional[int] = None
+    dry_sequence_breakers: Optional[list[str]] = None
+    xtc_probability: Optional[float] = None
+    xtc_threshold: Optional[float] = None
+    n_indent: Optional[int] = None
+    t_max_predict_ms: Optional[int] = None
+    n_cmpl: Optional[int] = None
+
+    def unused(self) -> Optional[str]:
+        """The first sampler set to a value mtp-cli does not have, said in one line."""
+        off = {"dynatemp_range": 0, "dry_multiplier": 0, "xtc_probability": 0, "n_indent": 0, "t_max_predict_ms": 0}
+        off |= {"typical_p": 1, "mirostat": 0, "n_cmpl": 1}
+        for name, value in off.items():
+            if getattr(self, name) not in (None, value):
+                return f"`{name}` is not supported (only {value}: off)"
+        return None
+
+
+def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
+    ids = engine.rt.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
+    if not req.with_pieces:
+        return {"tokens": ids}
+    return {"tokens": [{"id": t, "piece": _piece(engine.rt.piece(t))} for t in ids]}
+
+
+def _piece(raw: bytes) -> Union[str, list[int]]:
+    """A token's text, or its bytes where they are not whole UTF-8 (as llama-server gives them)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def detokenize(engine: Engine, req: DetokenizeRequest) -> Any:
+    bad = [t for t in req.tokens if not 0 <= t < engine.rt.n_vocab]
+    if bad:
+        return error(400, f"`tokens`: {bad[0]} is outside the vocabulary (0..{engine.rt.n_vocab - 1})", param="tokens")
+    return {"content": engine.rt.detokenize(req.tokens)}
+
+
+def apply_template(engine: Engine, req: ChatRequest) -> Any:
+    """The prompt the chat template makes of the messages (and tools), as text."""
+    try:
+        msgs, extra = req.chat_messages(), dict(req.chat_template_kwargs or {})
+        tools, _ = req.tools_asked()
+        if tools:
+            extra["tools"] = tools
+        return {"prompt": render(engine.rt.file, msgs, *engine.rt.special_texts(), extra or None)}
+    except (ConfigError, ChatTemplateError) as e:
+        return error(400, e.spelled(lambda name: f"`{name}`"))
+
+
+def props(engine: Engine, flags: dict[str, bool]) -> dict[str, Any]:
+    """llama-server's GET /props: the defaults a request gets, the slots, the model and its template."""
+    try:
+        template: Optional[str] = template_of(engine.rt.file)
+    except ChatTemplateError:
+        template = None
+    bos, eos = engine.rt.special_texts()
+    res = engine.startup
+    return {
+        "default_generation_settings": {"n_ctx": engine.n_ctx, "params": _settings(engine), "speculative": res.mode},
+        "total_slots": engine.rt.config.n_parallel,
+        "model_alias": engine.alias,
+        "model_path": str(engine.rt.model_path),
+        "modalities": {"vision": False, "audio": False},
+        "chat_template": template,
+        "bos_token": bos,
+        "eos_token": eos,
+        "build_info": f"mtp-cli {__version__} (llama-cpp-python)",
+        "endpoint_slots": flags.get("slots", False),
+        "endpoint_metrics": flags.get("metrics", False),
+        "webui": flags.get("webui", False),
+        "mtp": {"spec_type": res.config.spec_type, "mode": res.mode, "draft_n_max": res.config.draft_n_max},
+    }
+
+
+def _settings(engine: Engine) -> dict[str, Any]:
+    b = engine.base
+    return {
+        "n_predict": b.n_predict,
+        "seed": b.seed,
+        "temperature": b.temp,
+        "top_k": b.top_k,
+        "top_p": b.top_p,
+        "min_p": b.min_p,
+        "repeat_penalty": b.repeat_penalty,
+        "repeat_last_n": b.repeat_last_n,
+        "presence_penalty": b.presence_penalty,
+        "frequency_penalty": b.frequency_penalty,
+        "ignore_eos": b.ignore_eos,
+        "speculative.type": b.spec_type,
+        "speculative.n_max": b.draft_n_max,
+    }
+
+
+def slots(engine: Engine) -> list[dict[str, Any]]:
+    """llama-server's GET /slots, briefly: each slot's id, context share and whether it runs."""
+    return [{**s, "n_ctx": engine.n_ctx, "speculative": engine.startup.mode} for s in engine.slots]
+
+
+def completion_request(engine: Engine, req: NativeRequest) -> CompletionRequest:
+    """The text completion the native request stands for (ConfigError naming what it cannot be)."""
+    why = req.unused()
+    if why:
+        raise ConfigError(why)
+    body: dict[str, Any] = {"prompt": _prompt(engine, req.prompt), "n_predict": req.n_predict, "stop": req.stop}
+    for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+        body[name] = getattr(req, name)
+    body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
+    body |= {"json_schema": req.json_schema, "logit_bias": _bias(engine, req.logit_bias)}
+    if req.repeat_last_n is not None:
+        body["repeat_last_n"] = engine.n_ctx if req.repeat_last_n == -1 else req.repeat_last_n
+    try:
+        return CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"`{'.'.join(str(x) for x in first.get('loc', ()))}`: {first.get('msg')}") from None
+
+
+def _prompt(engine: Engine, prompt: Union[str, list[Union[int, str]]]) -> Union[str, list[int]]:
+    """A text, or token ids with texts among them (tokenized where they sit)."""
+    if isinstance(prompt, str) or all(isinstance(p, str) for p in prompt):
+        return prompt if isinstance(prompt, str) else "".join(str(p) for p in prompt)
+    ids: list[int] = []
+    for i, p in enumerate(prompt):
+        ids += engine.rt.tokenize(p, add_special=i == 0) if isinstance(p, str) else [int(p)]
+    return ids
+
+
+def _bias(engine: Engine, bias: Union[list[list[Any]], dict[str, Any], None]) -> Optional[dict[str, float]]:
+    """llama-server's logit_bias ([[token or text, bias or false]] or {token or text: bias}) as
+    token id -> bias (false: banned, as OpenAI's -100)."""
+    if not bias:
+        return None
+    pairs = bias.items() if isinstance(bias, dict) else [tuple(p) for p in bias]
+    out: dict[str, float] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ConfigError("`logit_bias` takes [token or text, bias] pairs")
+        key, value = pair
+        value = -100.0 if value is False else float(value)
+        ids = (
+            [int(key)]
+            if isinstance(key, int) or str(key).isdigit()
+            else engine.rt.tokenize(str(key), add_special=False)
+        )
+        out |= {str(t): value for t in ids}
+    return out
+
+
+async def complete(engine: Engine, req: NativeRequest, client: Any) -> Any:
+    try:
+        text_req = completion_request(engine, req)
+    except MtpError as e:
+        return error(400, e.spelled(lambda name: f"`{name}`"))
+    run = Run(engine, [text_req], client)
+    first = await run.begin()
+    if first is None:
+        return error(GONE, "client closed the request")
+    if isinstance(first, Failed):
+        return failed(first)
+    if req.stream:
+        run.streaming()
+        return StreamingResponse(_chunks(run, req, first), media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        done = await run.whole()
+    finally:
+        run.close()
+    if done is None:
+        return error(GONE, "client closed the request")
+    if isinstance(done, Failed):
+        return failed(done)
+    return _final(engine, req, first, done[0], done[0].text)
+
+
+def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content: str) -> dict[str, Any]:
+    settings = {**_settings(engine), "n_predict": _n_predict(engine, req)}
+    settings |= {"seed": d.mtp.get("seed") if d.mtp.get("seed") is not None else engine.base.seed, "stream": req.stream}
+    out = {
+        "index": 0,
+        "content": content,
+        "tokens": list(d.tokens) if req.return_tokens else [],
+        "id_slot": d.mtp.get("slot", 0),
+        "stop": True,
+        "model": engine.alias,
+        "tokens_predicted": d.stats.n_tokens,
+        "tokens_evaluated": first.n_prompt,
+        "tokens_cached": first.n_cached,
+        "generation_settings": settings,
+        "has_new_line": "\n" in d.text,
+        "truncated": False,
+        "stop_type": "word" if d.stop_sequence else STOP_TYPE.get(d.finish_reason, "eos"),
+        "stopping_word": d.stop_sequence or "",
+        "timings": d.timings,
+        "mtp": d.mtp,
+    }
+    if d.probs is not None and req.n_probs:
+        out["completion_probabilities"] = _probs(d.probs, d.tokens)
+    return out
+
+
+def _n_predict(engine: Engine, req: NativeRequest) -> int:
+    asked = req.n_predict if req.n_predict is not None and req.n_predict >= 0 else None
+    server = engine.base.n_predict if engine.base.n_predict >= 0 else None
+    return min(x for x in (asked, server, engine.n_ctx) if x is not None)
+
+
+def _probs(probs: tuple[TokenProb, ...], ids: tuple[int, ...]) -> list[dict[str, Any]]:
+    def entry(text: str, raw: bytes, lp: float) -> dict[str, Any]:
+        return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+    return [
+        {"id": t, **entry(p.text, p.raw, p.logprob), "top_logprobs": [entry(*x) for x in p.top]}
+        for t, p in zip(ids, probs)
+    ]
+
+
+async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator[str]:
+    """llama-server's native stream: a chunk per delta (its text and token ids), then the whole
+    record with `stop: true`."""
+    engine = run.engine
+    try:
+        while True:
+            _, ev = await run.next()
+            if isinstance(ev, Delta):
+                doc: dict[str, Any] = {
+                    "index": 0,
+                    "content": ev.text,
+                    "tokens": [p[0] for p in ev.pieces],
+                    "stop": False,
+                }
+                if ev.probs and req.n_probs:
+                    doc["completion_probabilities"] = _probs(ev.probs, tuple(p[0] for p in ev.pieces))
+                yield f"data: {json.dumps(doc)}\n\n"
+            elif isinstance(ev, Done):
+                yield f"data: {json.dumps(_final(engine, req, first, ev, ''))}\n\n"
+                return
+            elif isinstance(ev, Failed) or ev is None:
+                body = failed(ev) if ev is not None else error(GONE, "client closed the request")
+                yield f"data: {json.dumps(json.loads(bytes(body.body)))}\n\n"
+                return
+    finally:
+        run.close()
+
+
+__all__ = [
+    "TokenizeRequest",
+    "DetokenizeRequest",
+    "NativeRequest",
+    "tokenize",
+    "detokenize",
+    "apply_template",
+    "props",
+    "slots",
+    "complete",
+    "completion_request",
+]

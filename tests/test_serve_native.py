@@ -1,0 +1,190 @@
+"""llama-server's own surface on `serve` (issue 43): /tokenize, /detokenize, /apply-template, /props,
+/slots, the native /completion (greedy text equal to /v1/completions'), /metrics parsed by
+prometheus_client with counters matching the requests sent, per-token draft flags in the stream,
+a per-request draft length, and the chat page in a real browser (Chromium, headless)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.serve.api import Surface  # noqa: E402
+from mtp_cli.serve.engine import Engine  # noqa: E402
+from tests.factory import tiny_model_set  # noqa: E402
+from tests.test_serve import N_CTX, Served  # noqa: E402
+
+SHOT = Path(os.environ.get("MTP_WEBUI_SHOT", "")) if os.environ.get("MTP_WEBUI_SHOT") else None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_set(tmp_path_factory.mktemp("native"), "glm4moe", "structured", "q8_0", head_noise=1.5)
+
+
+@pytest.fixture(scope="module")
+def native(tiny) -> Iterator[Served]:
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1))
+    s = Served(engine.start(), surface=Surface(metrics=True))
+    yield s
+    s.close()
+    engine.close()
+
+
+def _stream(s: Served, path: str, body: dict) -> list[dict]:
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    raw = c.getresponse().read().decode()
+    c.close()
+    return [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+
+
+def test_tokenize_detokenize_apply_template_props_and_slots(native):
+    rt = native.engine.rt
+    status, doc = native.raw("POST", "/tokenize", json.dumps({"content": "the cat sat"}))
+    assert status == 200 and doc["tokens"] == rt.tokenize("the cat sat", add_special=False, parse_special=True)
+    status, back = native.raw("POST", "/detokenize", json.dumps({"tokens": doc["tokens"]}))
+    assert back["content"].strip() == "the cat sat"  # (as llama-server's suite reads it)
+    _, pieces = native.raw("POST", "/tokenize", json.dumps({"content": "the cat", "with_pieces": True}))
+    assert "".join(p["piece"] for p in pieces["tokens"]).strip() == "the cat" and all(
+        "id" in p for p in pieces["tokens"]
+    )
+    assert native.raw("POST", "/detokenize", json.dumps({"tokens": [10**9]}))[0] == 400
+    msgs = [{"role": "user", "content": "the cat"}]
+    _, applied = native.raw("POST", "/apply-template", json.dumps({"messages": msgs}))
+    chat = native.client().chat.completions.create(model="m", messages=msgs, max_tokens=1, temperature=0)
+    assert len(rt.tokenize(applied["prompt"], add_special=True, parse_special=True)) == chat.usage.prompt_tokens
+    _, props = native.raw("GET", "/props")
+    assert props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == N_CTX
+    assert props["model_path"].endswith(".gguf") and props["mtp"]["spec_type"] == "mtp" and props["endpoint_metrics"]
+    status, slots = native.raw("GET", "/slots")
+    assert status == 200 and [s["id"] for s in slots] == [0] and slots[0]["n_ctx"] == N_CTX
+    assert native.raw("POST", "/props", "{}")[0] == 501
+
+
+def test_native_completion_equals_the_openai_one_streamed_or_not(native):
+    want = native.client().completions.create(model="m", prompt="the cat", max_tokens=8, temperature=0)
+    body = {"prompt": "the cat", "n_predict": 8, "temperature": 0, "return_tokens": True}
+    status, doc = native.raw("POST", "/completion", json.dumps(body))
+    assert status == 200 and doc["content"] == want.choices[0].text and len(doc["tokens"]) == 8
+    assert doc["stop"] is True and doc["stop_type"] == "limit" and doc["timings"]["predicted_n"] == 8
+    assert doc["tokens_evaluated"] == want.usage.prompt_tokens and doc["mtp"]["drafted"] > 0
+    chunks = _stream(native, "/completions", {**body, "stream": True})  # (llama-server's: /completions is native)
+    assert "".join(c["content"] for c in chunks) == doc["content"] and chunks[-1]["stop"] is True
+    assert [t for c in chunks[:-1] for t in c["tokens"]] == doc["tokens"]
+    text = doc["content"]
+    at = next(i for i in range(1, len(text) - 1) if text[i : i + 2].isascii() and text[i : i + 2].isprintable())
+    word = text[at : at + 2]
+    _, cut = native.raw("POST", "/completion", json.dumps({**body, "stop": [word]}))
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word and cut["content"] == text[: text.find(word)]
+    _, banned = native.raw("POST", "/completion", json.dumps({**body, "logit_bias": [[doc["tokens"][0], False]]}))
+    assert banned["tokens"][0] != doc["tokens"][0]
+    status, bad = native.raw("POST", "/completion", json.dumps({**body, "mirostat": 2}))
+    assert status == 400 and "`mirostat`" in bad["error"]["message"]
+
+
+def test_draft_flags_per_token_and_a_draft_length_per_request(native):
+    msgs = [{"role": "user", "content": "the cat"}]
+    chunks = _stream(
+        native,
+        "/v1/chat/completions",
+        {"messages": msgs, "stream": True, "max_tokens": 24, "temperature": 0, "mtp_pieces": True},
+    )
+    pieces = [p for c in chunks for p in c.get("mtp_pieces", [])]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert "".join(p[0] for p in pieces) == text and any(p[1] for p in pieces) and not all(p[1] for p in pieces)
+    assert sum(p[1] for p in pieces) == chunks[-1]["mtp"]["accepted"]
+    one = native.client().chat.completions.create(
+        model="m", messages=msgs, max_tokens=12, temperature=0, extra_body={"speculative.n_max": 1}
+    )
+    assert one.model_extra["mtp"]["draft_n_max"] == 1 and one.model_extra["mtp"]["mode"] == "fixed"
+
+
+def test_metrics_parse_and_count_the_requests_sent(tiny):
+    parser = pytest.importorskip("prometheus_client.parser")
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX, n_threads=1))
+    s = Served(engine.start(), surface=Surface(metrics=True))
+    try:
+        sent = [
+            s.client().completions.create(model="m", prompt="the cat sat", max_tokens=n, temperature=0)
+            for n in (3, 5, 5)
+        ]
+        import http.client
+
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        text = r.read().decode()
+        assert r.getheader("Process-Start-Time-Unix")
+        c.close()
+        got = {
+            m.name: {tuple(x.labels.items()): x.value for x in m.samples}
+            for m in parser.text_string_to_metric_families(text)
+        }
+        value = {name: samples.get((), None) for name, samples in got.items()}
+        assert value["llamacpp:tokens_predicted"] == sum(x.usage.completion_tokens for x in sent) == 13
+        assert value["llamacpp:prompt_tokens_cached"] == sum(x.usage.prompt_tokens_details.cached_tokens for x in sent)
+        assert value["llamacpp:prompt_tokens"] + value["llamacpp:prompt_tokens_cached"] == sum(
+            x.usage.prompt_tokens for x in sent
+        )
+        assert value["mtpcli:requests"] == 3 and value["llamacpp:requests_processing"] == 0
+        mtp = [x.model_extra["mtp"] for x in sent]
+        assert value["llamacpp:spec_decode_num_draft_tokens"] == sum(m["drafted"] for m in mtp)
+        assert value["llamacpp:spec_decode_num_accepted_tokens"] == sum(m["accepted"] for m in mtp)
+        by_pos = got["mtpcli:draft_tokens_by_pos"]
+        assert sum(by_pos.values()) == sum(m["drafted"] for m in mtp) and (("pos", "1"),) in by_pos
+        assert got["mtpcli:drafting"] == {(("spec_type", "mtp"), ("mode", "fixed")): 1.0}
+    finally:
+        s.close()
+        engine.close()
+
+
+def _browser():
+    """A headless Chromium driven by selenium, or the reason there is none."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if not binary or not driver:
+        pytest.skip("no Chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,800", "--disable-dev-shm-usage"):
+        opts.add_argument(arg)
+    from selenium.webdriver.chrome.service import Service
+
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def test_the_chat_page_streams_an_answer_with_its_drafted_tokens_marked(native, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _browser()
+    try:
+        browser.get(f"http://127.0.0.1:{native.port}/?q=the%20cat")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".turn.assistant.done"))
+        answer = browser.find_element(By.CSS_SELECTOR, ".turn.assistant .text")
+        figures = browser.find_element(By.CSS_SELECTOR, ".turn.assistant .figures").text
+        assert answer.text.strip() and "tok/s" in figures and "acceptance" in figures and "N=3" in figures, figures
+        assert browser.find_elements(By.CSS_SELECTOR, ".turn.assistant .text span.draft")
+        assert "context 256" in browser.find_element(By.ID, "model").text
+        browser.save_screenshot(str(SHOT or tmp_path / "webui.png"))
+    finally:
+        browser.quit()
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", native.port, timeout=30)
+    c.request("GET", "/")
+    assert c.getresponse().read().decode().lower().startswith("<!doctype html>")
+    c.close()
