@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup test check lint typecheck demo bench clean
+.PHONY: setup test check lint typecheck demo bench clean browser
 
 # The venv and a llama-cpp-python built right for this machine (scripts/llama_build.py says why
 # pip's own build is not: the AMX path on Intel Xeons with GCC 12), then the extras each target needs.
@@ -25,6 +25,13 @@ $(BIN)/.installed: pyproject.toml $(BIN)/.llama
 	touch $@
 
 setup: $(BIN)/.installed
+
+# the chat page's browser test needs Chromium and its driver: installed where apt can (as root),
+# else that one test is skipped, saying why
+browser:
+	@command -v chromedriver >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+		>/dev/null 2>&1; } || echo "chromium: not installed here (the browser test will be skipped)"
 
 test: setup
 	$(BIN)/python -m pytest
