@@ -15,7 +15,8 @@ import pydantic
 import pytest
 
 from mtp_cli import llama_ext as lx
-from mtp_cli.schemas import SchemaError, grammar, int_range
+from mtp_cli.schema_ranges import int_range
+from mtp_cli.schemas import SchemaError, grammar
 
 
 def _regex(gbnf_alternatives: str) -> re.Pattern[str]:
@@ -169,3 +170,37 @@ def test_a_reference_to_the_schemas_root_is_followed():
     }
     g = grammar(schema)
     assert "root-self" in g and "null" in g
+
+
+def test_review_fixes_sizes_values_in_bounds_shapes_and_depth():
+    """Found by review: a bound of 30 digits made a grammar of gigabytes (each digit doubled it); an
+    integer enum or const with bounds became the whole range; allOf beside properties was dropped;
+    a one-element allOf took the other type; `items: {}` / `true`, keywords of the wrong JSON type,
+    deep nesting and a reference to itself alone were 500s or cryptic."""
+    assert len(grammar({"type": "integer", "minimum": -(10**30), "maximum": 10**30})) < 5000
+    assert "-7" not in grammar({"type": "integer", "enum": [1, 2, 100, -7], "minimum": 0, "maximum": 10})
+    assert '"100"' not in grammar({"type": "integer", "enum": [1, 2, 100], "maximum": 10})
+    for bad, keyword in (
+        ({"type": "integer", "const": -5, "minimum": 0}, "const"),
+        ({"type": "object", "properties": {"a": {}}, "allOf": [{"properties": {"b": {}}, "required": ["b"]}]}, "allOf"),
+        ({"type": "string", "allOf": [{"type": "integer"}]}, "allOf"),
+        ({"allOf": [{"type": "object", "additionalProperties": False}, {"properties": {"b": {}}}]}, "allOf"),
+        ({"properties": 5}, "properties"),
+        ({"type": {}}, "type"),
+        ({"type": "string", "format": {}}, "format"),
+        ({"type": "integer", "minimum": True}, "minimum"),
+        ({"required": [1]}, "required"),
+        ({"$ref": "#"}, "$ref"),
+    ):
+        with pytest.raises(SchemaError) as e:
+            grammar(bad)
+        assert e.value.keyword == keyword, bad
+    for anything in ({"type": "array", "items": {}}, {"type": "array", "items": True}, {"description": "any value"}):
+        assert "null" in grammar(anything) and "boolean" in grammar(anything)
+    deep: dict = {}
+    inner = deep
+    for _ in range(400):
+        inner["items"] = {}
+        inner = inner["items"]
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        grammar({"type": "array", **deep})

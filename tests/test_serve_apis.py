@@ -380,3 +380,19 @@ def test_nested_pydantic_models_as_forced_tools_and_structured_output(hermes):
         model="m", messages=ask, response_model=Shape, max_tokens=400, temperature=0, max_retries=0
     )
     assert isinstance(got, Shape)
+
+
+def test_a_streamed_message_stays_in_the_response_when_only_a_call_follows():
+    """Found by review: whitespace streamed before a tool call opened the message item, the parsed
+    content ("") left it out of the Response, and the stream failed on the missing item."""
+    from mtp_cli.serve.events import Done, Started
+    from mtp_cli.serve.responses import _finished
+    from mtp_cli.serve.tools import Call
+    from mtp_cli.stats import GenStats
+
+    done = Done("", "tool_calls", GenStats(), {}, {}, tool_calls=(Call("count", "{}", "call_x"),))
+    doc = _finished({"id": "resp_x"}, Started(3, 0), done, "msg_streamed")
+    assert [o["type"] for o in doc["output"]] == ["message", "function_call"] and doc["output"][0][
+        "id"
+    ] == "msg_streamed"
+    assert [o["type"] for o in _finished({"id": "r"}, Started(3, 0), done)["output"]] == ["function_call"]

@@ -142,16 +142,7 @@ def serve(
     load = load_of(opts, base.spec_type)[0]
     engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None).start()
     _request_log()
-    where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
-    res = engine.startup
-    n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
-    from mtp_cli import drafters
-
-    drafting = f"{res.config.spec_type} {n}" if drafters.drafting(res.config.spec_type) else "no drafting"
-    if engine.startup.note:
-        render.note(f"note: {engine.startup.note}")
-    page = f", chat page at {where.removesuffix('/v1')}/" if webui else ""
-    render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}{page}", highlight=False)
+    _say_serving(engine, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1", webui)
     config = uvicorn.Config(
         create_app(engine, api_key, cors_origins, Surface(slots, metrics, set_props, webui)),
         log_level="warning",
@@ -169,6 +160,19 @@ def serve(
     finally:
         engine.close()
         sock.close()
+
+
+def _say_serving(engine: Any, where: str, webui: bool) -> None:
+    """The one line that says the server is up: the model, its drafting, its context, where."""
+    from mtp_cli import drafters
+
+    res = engine.startup
+    n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
+    drafting = f"{res.config.spec_type} {n}" if drafters.drafting(res.config.spec_type) else "no drafting"
+    if res.note:
+        render.note(f"note: {res.note}")
+    page = f", chat page at {where.removesuffix('/v1')}/" if webui else ""
+    render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}{page}", highlight=False)
 
 
 def _request_log() -> None:

@@ -187,7 +187,8 @@ class Engine:
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set() or self._closing.is_set():
-                continue  # (its client left while it waited, or the server is stopping)
+                self.skip(job)
+                continue
             if isinstance(job, EmbedJob):
                 self.embed(job)
                 continue
@@ -201,6 +202,12 @@ class Engine:
                 job.emit(Failed(e, 500))
             finally:
                 self._active.pop(0, None)
+
+    def skip(self, job: Union[Job, EmbedJob]) -> None:
+        """A job not run: its client left while it waited (nobody to tell), or the server is stopping."""
+        if self._closing.is_set() and not job.cancelled.is_set():
+            job.cancelled.set()
+            job.emit(Failed(MtpError("the server is shutting down"), 503))
 
     def embed(self, job: EmbedJob) -> None:
         """Run an embedding job (on the worker, between generation steps)."""

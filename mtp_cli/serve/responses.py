@@ -141,12 +141,9 @@ def _calls(done: Done) -> list[dict[str, Any]]:
 
 
 def _finished(head: dict[str, Any], first: Started, done: Done, mid: Optional[str] = None) -> dict[str, Any]:
-    """The whole Response once the generation ended."""
-    output = (
-        [_message(mid or "msg_" + secrets.token_hex(12), done.text, done.probs)]
-        if done.text or not done.tool_calls
-        else []
-    )
+    """The whole Response once the generation ended (a message streamed, `mid`, stays in it)."""
+    said = done.text or not done.tool_calls or mid is not None
+    output = [_message(mid or "msg_" + secrets.token_hex(12), done.text, done.probs)] if said else []
     output += _calls(done)
     cut = done.finish_reason == "length"
     usage = {
@@ -228,7 +225,7 @@ async def _events(
                     yield event("response.content_part.added", **where, part=_text_part("", None))
                 yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs))
             elif isinstance(ev, Done):
-                doc = _finished(head, first, ev, mid)
+                doc = _finished(head, first, ev, mid if opened else None)
                 if opened:
                     part = doc["output"][0]["content"][0]
                     yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])

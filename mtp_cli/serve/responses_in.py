@@ -172,6 +172,8 @@ def _choice(choice: Any) -> Any:
 
 
 def _format(text: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if text is not None and not isinstance(text.get("format", {}), dict):
+        raise ConfigError("`text.format` must be an object: {type: text | json_object | json_schema, ...}")
     fmt = (text or {}).get("format")
     if fmt is None or fmt.get("type") == "text":
         return None

@@ -47,6 +47,8 @@ class Host(Protocol):
 
     def embed(self, job: EmbedJob) -> None: ...
 
+    def skip(self, job: Union[Job, EmbedJob]) -> None: ...
+
 
 @dataclass
 class _Slot:
@@ -97,7 +99,8 @@ class SlotWorker:
                 self._stopping = True
                 return
             if job.cancelled.is_set() or self.e._closing.is_set():
-                continue  # (its client left while it waited, or the server is stopping)
+                self.e.skip(job)
+                continue
             if isinstance(job, EmbedJob):  # (no slot: run between two steps)
                 self.e.embed(job)
                 continue
@@ -174,7 +177,11 @@ class SlotWorker:
                 log.error("%s: failed: %s", job.id, out.error)
             job.emit(Failed(out.error, status))
             return
-        self.e.finish(slot.begun, slot.stream.close(), slot.stats, seq)
+        try:
+            self.e.finish(slot.begun, slot.stream.close(), slot.stats, seq)
+        except Exception as e:  # (no request can stop the worker: every other slot waits on it)
+            log.exception("%s: failed", job.id)
+            job.emit(Failed(e, 500))
 
 
 __all__ = ["SlotWorker"]
