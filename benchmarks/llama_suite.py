@@ -58,7 +58,7 @@ VALUED = {
     "-fa",
     "--cors-origins",
 }
-FLAGS = {"--embedding", "--embeddings"}
+FLAGS = {"--embedding", "--embeddings", "--metrics", "--slots", "--no-slots", "--props", "--no-ui", "--no-webui"}
 # flags the shim drops, with a value (the rest dropped are bare flags)
 DROPPED_VALUED = {
     "--model",

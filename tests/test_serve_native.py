@@ -104,6 +104,13 @@ def test_draft_flags_per_token_and_a_draft_length_per_request(native):
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert "".join(p[0] for p in pieces) == text and any(p[1] for p in pieces) and not all(p[1] for p in pieces)
     assert sum(p[1] for p in pieces) == chunks[-1]["mtp"]["accepted"]
+    timed = _stream(
+        native,
+        "/completion",
+        {"prompt": "the cat", "n_predict": 12, "temperature": 0, "stream": True, "timings_per_token": True},
+    )
+    seen = [c["timings"]["predicted_n"] for c in timed[:-1]]
+    assert seen and seen == sorted(seen) and all("predicted_per_second" in c["timings"] for c in timed[:-1])
     one = native.client().chat.completions.create(
         model="m", messages=msgs, max_tokens=12, temperature=0, extra_body={"speculative.n_max": 1}
     )

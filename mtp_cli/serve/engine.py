@@ -230,7 +230,7 @@ class Engine:
         st = self.begin(job, self.session)
         gen = self.session.generate(st.prompt, st.res.config, st.res.policy)
         job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached))
-        out = stream(gen, job, st.req.stop_strings(), self._prob, st.held)
+        out = stream(gen, job, st.req.stop_strings(), self._prob, st.held, bool(st.req.timings_per_token))
         self.finish(st, out, gen.stats)
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:

@@ -40,6 +40,7 @@ class Delta:
     text: str
     probs: tuple[TokenProb, ...] = ()  # (the tokens since the last delta, when log-probabilities are asked)
     pieces: tuple[Piece, ...] = ()  # (the tokens since the last delta)
+    timings: Optional[dict[str, Any]] = None  # (llama-server's timings so far, when asked per token)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,10 @@ class TextStream:
         stops: list[str],
         prob: Callable[[TokenEvent], TokenProb],
         held: Optional[Callable[[str], int]] = None,
+        live: Optional[GenStats] = None,
     ):
         self.job, self.stops, self.prob, self.held = job, stops, prob, held
+        self.live = live  # (the generation's stats, read into each delta's timings: timings_per_token)
         self.out, self.sent = "", 0
         self.cut: Optional[str] = None  # (the stop string that cut the text)
         self.probs: list[TokenProb] = []
@@ -128,7 +131,8 @@ class TextStream:
 
     def _send(self, upto: int) -> None:
         probs, pieces = tuple(self.probs[self._told :]), tuple(self.pieces[self._told_pieces :])
-        self.job.emit(Delta(self.out[self.sent : upto], probs, pieces))
+        now = timings(self.live) if self.live is not None else None
+        self.job.emit(Delta(self.out[self.sent : upto], probs, pieces, now))
         self.sent, self._told, self._told_pieces = upto, len(self.probs), len(self.pieces)
 
     def close(self) -> Streamed:
@@ -146,9 +150,10 @@ def stream(
     stops: list[str],
     prob: Callable[[TokenEvent], TokenProb],
     held: Optional[Callable[[str], int]] = None,
+    live: bool = False,
 ) -> Streamed:
     """Run the generation through a TextStream (see there) until it ends, is cut, or is cancelled."""
-    ts = TextStream(job, stops, prob, held)
+    ts = TextStream(job, stops, prob, held, gen.stats if live else None)
     try:
         for ev in gen:
             if job.cancelled.is_set() or ts.feed(ev):

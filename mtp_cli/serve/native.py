@@ -190,6 +190,7 @@ def completion_request(engine: Engine, req: NativeRequest) -> CompletionRequest:
         body[name] = getattr(req, name)
     body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
     body |= {"json_schema": req.json_schema, "logit_bias": _bias(engine, req.logit_bias)}
+    body["timings_per_token"] = req.timings_per_token
     if req.repeat_last_n is not None:
         body["repeat_last_n"] = engine.n_ctx if req.repeat_last_n == -1 else req.repeat_last_n
     try:
@@ -313,6 +314,8 @@ async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator
                 }
                 if ev.probs and req.n_probs:
                     doc["completion_probabilities"] = _probs(ev.probs, tuple(p[0] for p in ev.pieces))
+                if ev.timings is not None:
+                    doc["timings"] = ev.timings
                 yield f"data: {json.dumps(doc)}\n\n"
             elif isinstance(ev, Done):
                 yield f"data: {json.dumps(_final(engine, req, first, ev, ''))}\n\n"

@@ -142,7 +142,9 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
             if isinstance(ev, Delta):
                 lps = _logprobs(obj, ev.probs, offsets[i]) if ev.probs else None
                 offsets[i] += sum(len(p.text) for p in ev.probs)  # (the tokens' own texts: held-back text included)
-                extra = {"mtp_pieces": [[p[1], p[2]] for p in ev.pieces]} if pieces else {}
+                extra: dict[str, Any] = {"mtp_pieces": [[p[1], p[2]] for p in ev.pieces]} if pieces else {}
+                if ev.timings is not None:  # (llama-server's timings_per_token)
+                    extra["timings"] = ev.timings
                 yield chunk([_choice(obj, i, ev.text, None, delta=True, logprobs=lps)], **extra)
             elif isinstance(ev, Done):
                 done[i] = ev

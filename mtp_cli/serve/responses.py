@@ -223,7 +223,8 @@ async def _events(
                     item = {**_message(mid, "", None, "in_progress"), "content": []}
                     yield event("response.output_item.added", output_index=0, item=item)
                     yield event("response.content_part.added", **where, part=_text_part("", None))
-                yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs))
+                live = {"timings": ev.timings} if ev.timings is not None else {}
+                yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs), **live)
             elif isinstance(ev, Done):
                 doc = _finished(head, first, ev, mid if opened else None)
                 if opened:
@@ -234,7 +235,7 @@ async def _events(
                 for said_ in event.items(doc["output"], 1 if opened else 0):
                     yield said_
                 _keep(store, doc, history, ev)
-                yield event(f"response.{doc['status']}", response=doc)
+                yield event(f"response.{doc['status']}", response=doc, timings=ev.timings)
                 return
             elif isinstance(ev, Failed) or ev is None:
                 message, code = said(ev, RENAMED) if ev is not None else ("client closed the request", None)

@@ -54,6 +54,7 @@ class ResponsesRequest(Strict):
     prompt_cache_key: Optional[str] = None
     prompt_cache_retention: Optional[str] = None
     safety_identifier: Optional[str] = None
+    timings_per_token: Optional[bool] = None  # (llama-server's: timings in each text delta)
     # llama-server's sampling fields
     seed: Optional[int] = None
     top_k: Optional[int] = Field(None, ge=0)
@@ -87,6 +88,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         "frequency_penalty": req.frequency_penalty,
         "parallel_tool_calls": False if req.max_tool_calls == 1 else req.parallel_tool_calls,
         "response_format": _format(req.text),
+        "timings_per_token": req.timings_per_token,
     }
     if req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or []):
         body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0

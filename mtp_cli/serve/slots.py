@@ -123,7 +123,9 @@ class SlotWorker:
         self.e._active[seq] = job
         self._n_jobs += 1
         self._used[seq] = self._n_jobs
-        self.slots[seq] = _Slot(b, TextStream(job, b.req.stop_strings(), self.e._prob, b.held), taken, prep.stats)
+        live = prep.stats if b.req.timings_per_token else None
+        text = TextStream(job, b.req.stop_strings(), self.e._prob, b.held, live)
+        self.slots[seq] = _Slot(b, text, taken, prep.stats)
         job.emit(Started(len(b.prompt.tokens), prep.stats.n_cached))
 
     def _pick(self, job: Job) -> tuple[int, Begun]:
