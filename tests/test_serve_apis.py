@@ -374,6 +374,13 @@ def test_nested_pydantic_models_as_forced_tools_and_structured_output(hermes):
     )
     agent = pydantic_ai.Agent(model, output_type=Shape, model_settings={"max_tokens": 400, "temperature": 0})
     assert isinstance(agent.run_sync("a shape").output, Shape)
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{hermes.port}/v1", api_key="none", max_retries=0)
+    settings = agents.ModelSettings(temperature=0, max_tokens=400)
+    model = agents.OpenAIResponsesModel(model="tiny", openai_client=client)
+    shaper = agents.Agent(name="shaper", model=model, model_settings=settings, output_type=Shape)
+    assert isinstance(agents.Runner.run_sync(shaper, "a shape", max_turns=2).final_output, Shape)
     instructor = pytest.importorskip("instructor")
     client = instructor.from_openai(hermes.client(), mode=instructor.Mode.TOOLS)
     got = client.chat.completions.create(
