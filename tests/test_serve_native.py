@@ -72,6 +72,10 @@ def test_tokenize_detokenize_apply_template_props_and_slots(native):
     assert native.raw("POST", "/props", "{}")[0] == 501
 
 
+def want_ids(s: Served) -> list[int]:
+    return s.engine.rt.tokenize("the cat", add_special=True)
+
+
 def test_native_completion_equals_the_openai_one_streamed_or_not(native):
     want = native.client().completions.create(model="m", prompt="the cat", max_tokens=8, temperature=0)
     body = {"prompt": "the cat", "n_predict": 8, "temperature": 0, "return_tokens": True}
@@ -89,6 +93,34 @@ def test_native_completion_equals_the_openai_one_streamed_or_not(native):
     assert cut["stop_type"] == "word" and cut["stopping_word"] == word and cut["content"] == text[: text.find(word)]
     _, banned = native.raw("POST", "/completion", json.dumps({**body, "logit_bias": [[doc["tokens"][0], False]]}))
     assert banned["tokens"][0] != doc["tokens"][0]
+    _, many = native.raw(
+        "POST",
+        "/completion",
+        json.dumps({**body, "prompt": [want_ids(native), {"prompt_string": "the cat"}]}),
+    )
+    assert [m["content"] for m in many] == [doc["content"]] * 2 and [m["index"] for m in many] == [0, 1]
+    _, few = native.raw(
+        "POST",
+        "/completion",
+        json.dumps(
+            {
+                **body,
+                "n_probs": 3,
+                "response_fields": ["content", "generation_settings/n_predict", "completion_probabilities"],
+            }
+        ),
+    )
+    assert (
+        set(few) == {"content", "generation_settings/n_predict", "completion_probabilities"}
+        and few["generation_settings/n_predict"] == 8
+    )
+    assert all(
+        p["id"] >= 0 and len(p["top_logprobs"]) == 3 and all(t["id"] >= 0 for t in p["top_logprobs"])
+        for p in few["completion_probabilities"]
+    )
+    assert [p["id"] for p in few["completion_probabilities"]] == doc["tokens"]
+    _, lone = native.raw("POST", "/completion", json.dumps({**body, "n_predict": 1}))
+    assert lone["timings"]["predicted_per_second"] == 0.0  # (the one token is the prompt pass's)
     status, bad = native.raw("POST", "/completion", json.dumps({**body, "mirostat": 2}))
     assert status == 400 and "`mirostat`" in bad["error"]["message"]
 

@@ -305,7 +305,7 @@ class Engine:
             return raw.decode("utf-8", "replace"), raw
 
         alts = tuple((*said(t), lp) for t, lp in ev.top)
-        return TokenProb(*said(ev.token), float(ev.logprob or 0.0), alts)
+        return TokenProb(*said(ev.token), float(ev.logprob or 0.0), alts, ev.token, tuple(t for t, _ in ev.top))
 
     def _check_size(self, n_chars: int) -> None:
         """Refuse a prompt text too long for the context before tokenizing it (each token covers at

@@ -30,6 +30,8 @@ class TokenProb:
     raw: bytes
     logprob: float
     top: tuple[tuple[str, bytes, float], ...]
+    id: int = -1
+    top_ids: tuple[int, ...] = ()
 
 
 Piece = tuple[int, str, bool]  # a generated token: its id, its text, whether it came from an accepted draft
@@ -199,7 +201,9 @@ def timings(st: GenStats) -> dict[str, Any]:
         "predicted_n": n_gen,
         "predicted_ms": round(gen_ms, 3),
         "predicted_per_token_ms": round(gen_ms / (n_gen - st.n_first), 3) if n_gen > st.n_first else 0.0,
-        "predicted_per_second": round(st.tokens_per_second, 3),
+        "predicted_per_second": round(st.tokens_per_second, 3)
+        if n_gen > st.n_first
+        else 0.0,  # (the first is the prompt's)
         "draft_n": st.n_drafted,
         "draft_n_accepted": st.n_accepted,
     }

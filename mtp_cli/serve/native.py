@@ -41,7 +41,7 @@ class DetokenizeRequest(Strict):
 class NativeRequest(Strict):
     """llama-server's /completion fields; samplers mtp-cli has not are accepted at their off values."""
 
-    prompt: Union[str, list[Union[int, str]]]
+    prompt: Union[str, list[Any], dict[str, Any]]
     n_predict: Optional[int] = Field(None, ge=-1)
     temperature: Optional[float] = Field(None, ge=0.0)
     top_k: Optional[int] = Field(None, ge=0)
@@ -86,6 +86,7 @@ class NativeRequest(Strict):
     n_indent: Optional[int] = None
     t_max_predict_ms: Optional[int] = None
     n_cmpl: Optional[int] = None
+    response_fields: Optional[list[str]] = None
 
     def unused(self) -> Optional[str]:
         """The first sampler set to a value mtp-cli does not have, said in one line."""
@@ -180,12 +181,17 @@ def slots(engine: Engine) -> list[dict[str, Any]]:
     return [{**s, "n_ctx": engine.n_ctx, "speculative": engine.startup.mode} for s in engine.slots]
 
 
-def completion_request(engine: Engine, req: NativeRequest) -> CompletionRequest:
-    """The text completion the native request stands for (ConfigError naming what it cannot be)."""
+def completion_requests(engine: Engine, req: NativeRequest) -> list[CompletionRequest]:
+    """The text completions the native request stands for, one per prompt (ConfigError naming what
+    it cannot be)."""
     why = req.unused()
     if why:
         raise ConfigError(why)
-    body: dict[str, Any] = {"prompt": _prompt(engine, req.prompt), "n_predict": req.n_predict, "stop": req.stop}
+    return [_one(engine, req, p) for p in prompts(engine, req.prompt)]
+
+
+def _one(engine: Engine, req: NativeRequest, prompt: Union[str, list[int]]) -> CompletionRequest:
+    body: dict[str, Any] = {"prompt": prompt, "n_predict": req.n_predict, "stop": req.stop}
     for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         body[name] = getattr(req, name)
     body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
@@ -200,12 +206,30 @@ def completion_request(engine: Engine, req: NativeRequest) -> CompletionRequest:
         raise ConfigError(f"`{'.'.join(str(x) for x in first.get('loc', ()))}`: {first.get('msg')}") from None
 
 
-def _prompt(engine: Engine, prompt: Union[str, list[Union[int, str]]]) -> Union[str, list[int]]:
-    """A text, or token ids with texts among them (tokenized where they sit)."""
-    if isinstance(prompt, str) or all(isinstance(p, str) for p in prompt):
-        return prompt if isinstance(prompt, str) else "".join(str(p) for p in prompt)
+def prompts(engine: Engine, prompt: Any) -> list[Union[str, list[int]]]:
+    """llama-server's prompt shapes: a text, token ids with texts among them (one sequence), a
+    {"prompt_string": ...} object, or a list of those (several prompts, answered as a list)."""
+    seq = isinstance(prompt, list) and any(isinstance(p, int) for p in prompt)
+    if isinstance(prompt, (str, dict)) or (seq and all(isinstance(p, (int, str)) for p in prompt)):
+        return [_prompt(engine, prompt)]
+    if not isinstance(prompt, list) or not prompt:
+        raise ConfigError("`prompt` takes a text, token ids, a {prompt_string} object or a list of them")
+    return [_prompt(engine, p) for p in prompt]
+
+
+def _prompt(engine: Engine, prompt: Any) -> Union[str, list[int]]:
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise ConfigError("`prompt.multimodal_data`: this model reads text")
+        if not isinstance(prompt.get("prompt_string"), str):
+            raise ConfigError("`prompt.prompt_string` is required")
+        return str(prompt["prompt_string"])
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, list) or not all(isinstance(p, (int, str)) for p in prompt):
+        raise ConfigError("`prompt` takes a text, token ids, a {prompt_string} object or a list of them")
     ids: list[int] = []
-    for i, p in enumerate(prompt):
+    for i, p in enumerate(prompt):  # (texts tokenized where they sit; the first one with BOS)
         ids += engine.rt.tokenize(p, add_special=i == 0) if isinstance(p, str) else [int(p)]
     return ids
 
@@ -233,10 +257,10 @@ def _bias(engine: Engine, bias: Union[list[list[Any]], dict[str, Any], None]) ->
 
 async def complete(engine: Engine, req: NativeRequest, client: Any) -> Any:
     try:
-        text_req = completion_request(engine, req)
+        asked = completion_requests(engine, req)
     except MtpError as e:
         return error(400, e.spelled(lambda name: f"`{name}`"))
-    run = Run(engine, [text_req], client)
+    run = Run(engine, asked, client)
     first = await run.begin()
     if first is None:
         return error(GONE, "client closed the request")
@@ -253,14 +277,30 @@ async def complete(engine: Engine, req: NativeRequest, client: Any) -> Any:
         return error(GONE, "client closed the request")
     if isinstance(done, Failed):
         return failed(done)
-    return _final(engine, req, first, done[0], done[0].text)
+    out = [_fields(_final(engine, req, first, d, d.text, i), req.response_fields) for i, d in enumerate(done)]
+    many = len(asked) > 1 or (isinstance(req.prompt, list) and all(isinstance(p, str) for p in req.prompt))
+    return out if many else out[0]
 
 
-def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content: str) -> dict[str, Any]:
+def _fields(doc: dict[str, Any], fields: Optional[list[str]]) -> dict[str, Any]:
+    """llama-server's response_fields: only these ("a/b" is doc["a"]["b"], named "a/b")."""
+    if not fields:
+        return doc
+    out = {}
+    for name in fields:
+        value: Any = doc
+        for key in name.split("/"):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content: str, index: int = 0) -> dict[str, Any]:
     settings = {**_settings(engine), "n_predict": _n_predict(engine, req)}
     settings |= {"seed": d.mtp.get("seed") if d.mtp.get("seed") is not None else engine.base.seed, "stream": req.stream}
     out = {
-        "index": 0,
+        "index": index,
         "content": content,
         "tokens": list(d.tokens) if req.return_tokens else [],
         "id_slot": d.mtp.get("slot", 0),
@@ -278,7 +318,7 @@ def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content:
         "mtp": d.mtp,
     }
     if d.probs is not None and req.n_probs:
-        out["completion_probabilities"] = _probs(d.probs, d.tokens)
+        out["completion_probabilities"] = _probs(d.probs)
     return out
 
 
@@ -288,38 +328,34 @@ def _n_predict(engine: Engine, req: NativeRequest) -> int:
     return min(x for x in (asked, server, engine.n_ctx) if x is not None)
 
 
-def _probs(probs: tuple[TokenProb, ...], ids: tuple[int, ...]) -> list[dict[str, Any]]:
-    def entry(text: str, raw: bytes, lp: float) -> dict[str, Any]:
-        return {"token": text, "logprob": lp, "bytes": list(raw)}
+def _probs(probs: tuple[TokenProb, ...]) -> list[dict[str, Any]]:
+    def entry(i: int, text: str, raw: bytes, lp: float) -> dict[str, Any]:
+        return {"id": i, "token": text, "logprob": lp, "bytes": list(raw)}
 
     return [
-        {"id": t, **entry(p.text, p.raw, p.logprob), "top_logprobs": [entry(*x) for x in p.top]}
-        for t, p in zip(ids, probs)
+        {**entry(p.id, p.text, p.raw, p.logprob), "top_logprobs": [entry(i, *x) for i, x in zip(p.top_ids, p.top)]}
+        for p in probs
     ]
 
 
 async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator[str]:
-    """llama-server's native stream: a chunk per delta (its text and token ids), then the whole
-    record with `stop: true`."""
-    engine = run.engine
+    """llama-server's native stream: a chunk per delta (its text and token ids, its prompt's index),
+    then each prompt's whole record with `stop: true`."""
+    engine, ended = run.engine, 0
     try:
-        while True:
-            _, ev = await run.next()
+        while ended < len(run.jobs):
+            i, ev = await run.next()
             if isinstance(ev, Delta):
-                doc: dict[str, Any] = {
-                    "index": 0,
-                    "content": ev.text,
-                    "tokens": [p[0] for p in ev.pieces],
-                    "stop": False,
-                }
+                doc: dict[str, Any] = {"index": i, "content": ev.text, "tokens": [p[0] for p in ev.pieces]}
+                doc["stop"] = False
                 if ev.probs and req.n_probs:
-                    doc["completion_probabilities"] = _probs(ev.probs, tuple(p[0] for p in ev.pieces))
+                    doc["completion_probabilities"] = _probs(ev.probs)
                 if ev.timings is not None:
                     doc["timings"] = ev.timings
                 yield f"data: {json.dumps(doc)}\n\n"
             elif isinstance(ev, Done):
-                yield f"data: {json.dumps(_final(engine, req, first, ev, ''))}\n\n"
-                return
+                ended += 1
+                yield f"data: {json.dumps(_fields(_final(engine, req, first, ev, '', i), req.response_fields))}\n\n"
             elif isinstance(ev, Failed) or ev is None:
                 body = failed(ev) if ev is not None else error(GONE, "client closed the request")
                 yield f"data: {json.dumps(json.loads(bytes(body.body)))}\n\n"
@@ -338,5 +374,6 @@ __all__ = [
     "props",
     "slots",
     "complete",
-    "completion_request",
+    "completion_requests",
+    "prompts",
 ]
