@@ -332,6 +332,11 @@ def test_embeddings_through_the_openai_client_and_langchain(embedding, hermes):
     )
     status, doc = hermes.raw("POST", "/v1/embeddings", json.dumps({"input": "x"}))
     assert status == 501 and "--embeddings" in doc["error"]["message"]
+    openai_like = pytest.importorskip("llama_index.embeddings.openai_like", reason="llama-index is not installed")
+    li = openai_like.OpenAILikeEmbedding(
+        model_name="m", api_base=f"http://127.0.0.1:{embedding.port}/v1", api_key="none"
+    )
+    assert np.allclose(li.get_text_embedding("the cat"), vecs[0], atol=1e-5)
 
 
 class Point(pydantic.BaseModel):
