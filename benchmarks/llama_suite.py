@@ -57,6 +57,8 @@ VALUED = {
     "-ctv",
     "-fa",
     "--cors-origins",
+    "--chat-template",
+    "--chat-template-file",
 }
 FLAGS = {"--embedding", "--embeddings", "--metrics", "--slots", "--no-slots", "--props", "--no-ui", "--no-webui"}
 # flags the shim drops, with a value (the rest dropped are bare flags)
@@ -76,8 +78,6 @@ DROPPED_VALUED = {
     "--lora",
     "--reasoning-format",
     "--reasoning",
-    "--chat-template",
-    "--chat-template-file",
     "--mmproj-url",
     "--media-path",
     "--sleep-idle-seconds",
@@ -121,10 +121,11 @@ def main() -> None:
     model = args.model or str(_demo())
     from mtp_cli.user_cache import cache_dir
 
-    src = _llama_build().sdist_tree(cache_dir()) / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
+    tree = _llama_build().sdist_tree(cache_dir()) / "vendor" / "llama.cpp"
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp) / "tests"
-        shutil.copytree(src, work)
+        work = Path(tmp) / "tools" / "server" / "tests"  # (the suite reads ../../../models/templates)
+        shutil.copytree(tree / "tools" / "server" / "tests", work)
+        shutil.copytree(tree / "models" / "templates", Path(tmp) / "models" / "templates")
         _offline(work)
         shim = Path(tmp) / "llama-server"
         shim.write_text(SHIM.format(python=sys.executable, valued=VALUED, flags=FLAGS, dropped=DROPPED_VALUED))

@@ -3,18 +3,54 @@ conversation, and the text a held conversation adds for its next turn (mtp_cli.s
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli.errors import ChatTemplateError
 
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+BUILTIN = {"chatml": CHATML}  # llama-server's --chat-template names known here
+
+
+@dataclass(frozen=True)
+class Templated:
+    """A model file read through another chat template (llama-server's --chat-template / -file)."""
+
+    file: GGUFFile
+    template: str
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.template if name == "tokenizer.chat_template" else self.file.get(name, default)
+
+
+Source = Union[GGUFFile, Templated]  # where a chat template is read from
+
+
+def template_text(value: str) -> str:
+    """A --chat-template value: Jinja text as it is, or a built-in template's name."""
+    if "{%" in value or "{{" in value:
+        return value
+    if value in BUILTIN:
+        return BUILTIN[value]
+    raise ChatTemplateError(f"`chat_template`: {value!r} is neither a Jinja template nor one of {', '.join(BUILTIN)}")
+
+
 _MARK = "\x00mtp-cli-end-of-answer\x00"  # where an answer's text ends in a rendered history
 _OPEN = "\x00mtp-cli-open-answer\x00"  # where a trailing assistant message is cut to be continued
 
 
-def render(gf: GGUFFile, messages: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None) -> str:
+def render(gf: Source, messages: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None) -> str:
     """`messages` rendered, ending where the assistant's answer begins; when the last message is the
     assistant's own, where its text ends (the answer continues it, as llama-server's prefill does).
     `extra`: the template's other variables (`tools`, `enable_thinking`, ...)."""
@@ -28,7 +64,7 @@ def render(gf: GGUFFile, messages: list[Any], bos: str, eos: str, extra: Optiona
     return text.split(_OPEN, 1)[0]
 
 
-def template_of(gf: GGUFFile) -> str:
+def template_of(gf: Source) -> str:
     template = gf.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():
         raise ChatTemplateError(f"{gf.path}: no chat template (tokenizer.chat_template); drop `chat`")
@@ -36,7 +72,7 @@ def template_of(gf: GGUFFile) -> str:
 
 
 def _formatted(
-    gf: GGUFFile, messages: list[Any], bos: str, eos: str, add_generation_prompt: bool, extra: Optional[dict[str, Any]]
+    gf: Source, messages: list[Any], bos: str, eos: str, add_generation_prompt: bool, extra: Optional[dict[str, Any]]
 ) -> str:
     template = template_of(gf)
     try:
@@ -46,7 +82,7 @@ def _formatted(
         raise ChatTemplateError(f"{gf.path}: the chat template failed to render: {e}") from None
 
 
-def chat_prompt(gf: GGUFFile, user: str, bos: str, eos: str, system: str | None = None) -> str:
+def chat_prompt(gf: Source, user: str, bos: str, eos: str, system: str | None = None) -> str:
     """The prompt text for one user turn, ending where the assistant's answer begins.
 
     `bos` / `eos` are the special tokens' texts (the template may spell them out)."""
@@ -55,7 +91,7 @@ def chat_prompt(gf: GGUFFile, user: str, bos: str, eos: str, system: str | None 
 
 
 def continuation(
-    gf: GGUFFile, answered: list[Any], new: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None
+    gf: Source, answered: list[Any], new: list[Any], bos: str, eos: str, extra: Optional[dict[str, Any]] = None
 ) -> str:
     """The template's text from the end of `answered`'s last message (the assistant's answer, as it
     was generated) through `new` messages, ending where the next answer begins: what a conversation

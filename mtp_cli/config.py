@@ -113,6 +113,7 @@ class LoadConfig:
     load_mode: str = "auto"  # how llama.cpp maps the weights (LOAD_MODES)
     placement: Placement = Placement()  # where weights may go (--repack, -ot, -dev, --rpc, -ngld)
     n_parallel: int = 1  # sequences the contexts hold (llama-server's -np slots)
+    chat_template: Optional[str] = None  # Jinja text read instead of the file's own (--chat-template)
 
     def validated(self) -> LoadConfig:
         """Self, if every value is in range (the spec type's name is the drafter registry's to check)."""

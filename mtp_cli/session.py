@@ -90,10 +90,10 @@ class Session:
             held = t.prompt.answered(t.gen.text)
             if len(msgs) > len(held) and msgs[: len(held)] == held:
                 with contextlib.suppress(ChatTemplateError):  # (a template that drops answers: whole)
-                    more = continuation(self.rt.file, held, msgs[len(held) :], bos, eos, extra)
+                    more = continuation(self.rt.chat_file, held, msgs[len(held) :], bos, eos, extra)
                     toks = self.rt.tokenize(more, add_special=False, parse_special=True)
                     return Prompt(t.prompt.tokens + t.gen.tokens + toks, msgs, extra=extra)
-        text = render(self.rt.file, msgs, bos, eos, extra)
+        text = render(self.rt.chat_file, msgs, bos, eos, extra)
         return Prompt(self.rt.tokenize(text, add_special=True, parse_special=True), msgs, extra=extra)
 
     def text(self, text: str) -> Prompt:

@@ -227,3 +227,50 @@ def test_the_chat_page_streams_an_answer_with_its_drafted_tokens_marked(native, 
     c.request("GET", "/")
     assert c.getresponse().read().decode().lower().startswith("<!doctype html>")
     c.close()
+
+
+def test_a_chat_template_given_is_read_instead_of_the_files(tiny, tmp_path):
+    """llama-server's --chat-template / --chat-template-file: the prompt, /apply-template and the
+    model's tool format follow the template given; a name not known is one line, exit 2."""
+    from click.testing import CliRunner
+
+    from mtp_cli.chat import CHATML
+    from mtp_cli.cli import main
+    from mtp_cli.config import LoadConfig
+
+    load = LoadConfig(spec_type="mtp", chat_template=CHATML)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1), load=load)
+    s = Served(engine.start())
+    try:
+        _, applied = s.raw("POST", "/apply-template", json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+        assert applied["prompt"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        _, props = s.raw("GET", "/props")
+        assert props["chat_template"] == CHATML
+    finally:
+        s.close()
+        engine.close()
+    r = CliRunner().invoke(
+        main, ["generate", "-m", str(tiny["full"]), "--chat", "-p", "hi", "--chat-template", "nonesuch"]
+    )
+    assert r.exit_code == 2 and "nonesuch" in r.output and "Traceback" not in r.output
+    (tmp_path / "t.jinja").write_text(CHATML)
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-m",
+            str(tiny["full"]),
+            "--chat",
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "--chat-template-file",
+            str(tmp_path / "t.jinja"),
+            "-c",
+            "256",
+        ],
+    )
+    assert r.exit_code == 0, r.output

@@ -14,7 +14,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, placement
+from mtp_cli.cli.llama_flags import chat_template, kv_and_sampling, llama_compat, load_of, placement
 
 
 @main.command()
@@ -53,6 +53,7 @@ from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, plac
 )
 @kv_and_sampling
 @placement
+@chat_template
 @llama_compat
 def generate(
     model: Path | None,
@@ -84,7 +85,7 @@ def generate(
         res = AutoDraft(rt).resolve(base)
         if chat:
             text = chat_prompt(
-                rt.file,
+                rt.chat_file,
                 text,
                 *rt.special_texts(),
                 system=_text(system.encode("utf-8", "surrogateescape"), "-sys") if system else None,

@@ -7,10 +7,11 @@ that `-ctk q8_0` is refused by name instead of being read as `-c tk`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import click
 
+from mtp_cli.chat import template_text
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
 from mtp_cli.config import (
@@ -22,6 +23,7 @@ from mtp_cli.config import (
     parse_endpoints,
     parse_overrides,
 )
+from mtp_cli.errors import ConfigError
 
 # option destination -> the variable llama.cpp reads for it (vendor/llama.cpp/common/arg.cpp)
 LLAMA_ENV = {
@@ -259,7 +261,48 @@ def placement_of(opts: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
     )
 
 
-LOAD_OPTIONS = ("draft_model", "n_gpu_layers", "load_mode", "no_mmap", "mlock", "n_parallel", *PLACEMENT_OPTIONS)
+LOAD_OPTIONS = (
+    "draft_model",
+    "n_gpu_layers",
+    "load_mode",
+    "no_mmap",
+    "mlock",
+    "n_parallel",
+    "chat_template",
+    "chat_template_file",
+    *PLACEMENT_OPTIONS,
+)
+chat_template = stack(
+    click.option(
+        "--chat-template",
+        "chat_template",
+        metavar="JINJA|chatml",
+        envvar="LLAMA_ARG_CHAT_TEMPLATE",
+        help="A chat template read instead of the model's own: Jinja text, or chatml.",
+    ),
+    click.option(
+        "--chat-template-file",
+        "chat_template_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="LLAMA_ARG_CHAT_TEMPLATE_FILE",
+        help="A file holding the chat template to read instead of the model's own.",
+    ),
+)
+
+
+def chat_template_of(opts: dict[str, Any]) -> Optional[str]:
+    """The template --chat-template or --chat-template-file gives (at most one of them), or None."""
+    text, path = opts.get("chat_template"), opts.get("chat_template_file")
+    if text and path:
+        raise click.UsageError("give one of --chat-template and --chat-template-file")
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"`chat_template_file` {path}: cannot read it: {getattr(e, 'strerror', None) or e}"
+            ) from None
+    return template_text(text) if text else None
 
 
 def load_of(opts: dict[str, Any], spec_type: str = "none") -> tuple[LoadConfig, dict[str, Any]]:
@@ -272,6 +315,7 @@ def load_of(opts: dict[str, Any], spec_type: str = "none") -> tuple[LoadConfig, 
         load_mode=load_mode_of(opts),
         placement=placement_of(opts)[0],
         n_parallel=opts.get("n_parallel", LoadConfig.n_parallel),
+        chat_template=chat_template_of(opts),
     )
     return cfg.validated(), rest
 

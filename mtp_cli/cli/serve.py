@@ -14,7 +14,7 @@ from mtp_cli.cli import gen_options as go
 from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
-from mtp_cli.cli.llama_flags import kv_and_sampling, llama_compat, load_of, placement
+from mtp_cli.cli.llama_flags import chat_template, kv_and_sampling, llama_compat, load_of, placement
 from mtp_cli.config import MAX_PARALLEL, LoadConfig
 
 
@@ -104,6 +104,7 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
 @go.drafting
 @kv_and_sampling
 @placement
+@chat_template
 @llama_compat
 def serve(
     model: Path | None,

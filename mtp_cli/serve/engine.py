@@ -336,8 +336,8 @@ def _tool_format(rt: Runtime) -> tuple[Optional[ToolFormat], bool]:
     """The model's tool-call format, and whether its chat template renders tools at all (one that
     does not gets them described in a system message: the generic format)."""
     try:
-        template = template_of(rt.file)
-        text = render(rt.file, [{"role": "user", "content": "x"}], *rt.special_texts(), {"tools": [PROBE_TOOL]})
+        template = template_of(rt.chat_file)
+        text = render(rt.chat_file, [{"role": "user", "content": "x"}], *rt.special_texts(), {"tools": [PROBE_TOOL]})
     except ChatTemplateError:
         return None, False
     knows = "mtp_cli_probe_tool" in text

@@ -127,7 +127,7 @@ def apply_template(engine: Engine, req: ChatRequest) -> Any:
         tools, _ = req.tools_asked()
         if tools:
             extra["tools"] = tools
-        return {"prompt": render(engine.rt.file, msgs, *engine.rt.special_texts(), extra or None)}
+        return {"prompt": render(engine.rt.chat_file, msgs, *engine.rt.special_texts(), extra or None)}
     except (ConfigError, ChatTemplateError) as e:
         return error(400, e.spelled(lambda name: f"`{name}`"))
 
@@ -135,7 +135,7 @@ def apply_template(engine: Engine, req: ChatRequest) -> Any:
 def props(engine: Engine, flags: dict[str, bool]) -> dict[str, Any]:
     """llama-server's GET /props: the defaults a request gets, the slots, the model and its template."""
     try:
-        template: Optional[str] = template_of(engine.rt.file)
+        template: Optional[str] = template_of(engine.rt.chat_file)
     except ChatTemplateError:
         template = None
     bos, eos = engine.rt.special_texts()

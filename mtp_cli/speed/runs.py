@@ -42,9 +42,9 @@ WARM_TOKENS = 16  # tokens after the prompt pass a warm-up must see before anyth
 def prompt_tokens(rt: Runtime, texts: Sequence[str], builtin: bool) -> list[list[int]]:
     """The prompts as tokens; the built-in ones wrapped in the model's chat template when it has one
     (an instruct model given a bare request often ends its text at once: nothing to measure)."""
-    if builtin and isinstance(rt.file.get("tokenizer.chat_template"), str):
+    if builtin and isinstance(rt.chat_file.get("tokenizer.chat_template"), str):
         specials = rt.special_texts()
-        return [rt.tokenize(chat_prompt(rt.file, t, *specials), parse_special=True) for t in texts]
+        return [rt.tokenize(chat_prompt(rt.chat_file, t, *specials), parse_special=True) for t in texts]
     return [rt.tokenize(t) for t in texts]
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import llama_ext as lx
 from mtp_cli.chat import chat_prompt
 from mtp_cli.errors import ChatTemplateError
@@ -142,7 +141,7 @@ class _Collection:
         self.answerers: list[BatchedAnswerer] = []
         self.done = self.total = self.before = 0
         self.budget_s = math.inf
-        gf: GGUFFile = rt.file
+        gf = rt.chat_file
         self.chat = cfg.chat if cfg.chat is not None else isinstance(gf.get("tokenizer.chat_template"), str)
 
     def split(self, key: str) -> str:
@@ -187,7 +186,7 @@ class _Collection:
             text = p
             if self.chat:
                 try:
-                    text = chat_prompt(self.rt.file, p, bos, eos)
+                    text = chat_prompt(self.rt.chat_file, p, bos, eos)
                 except ChatTemplateError:
                     self.chat = False
             ptoks = self.rt.tokenize(text, add_special=True, parse_special=self.chat)[: cfg.max_len - 8]

@@ -283,9 +283,9 @@ def measure_acceptance(
     )
     runs = []
     with Runtime.load(model, spec_type="mtp", draft_model=sidecar) as rt:
-        use_chat = chat if chat is not None else isinstance(rt.file.get("tokenizer.chat_template"), str)
+        use_chat = chat if chat is not None else isinstance(rt.chat_file.get("tokenizer.chat_template"), str)
         for p in prompts:
-            text = chat_prompt(rt.file, p, *rt.special_texts()) if use_chat else p
+            text = chat_prompt(rt.chat_file, p, *rt.special_texts()) if use_chat else p
             gen = rt.generate(rt.tokenize(text, add_special=True, parse_special=use_chat), cfg)
             for _ in gen:
                 pass

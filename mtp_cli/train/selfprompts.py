@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gguf_tools.atomic import write_text
-from gguf_tools.gguf_file import GGUFFile
-from mtp_cli.chat import chat_prompt
+from mtp_cli.chat import Source, chat_prompt
 from mtp_cli.runtime import Runtime
 from mtp_cli.train.answers import BatchedAnswerer, run_answerers
 
@@ -146,7 +145,7 @@ def acceptable(text: str, cfg: SelfPromptConfig) -> bool:
     return sum(c.isascii() for c in text) >= 0.97 * len(text)
 
 
-def user_prefix(gf: GGUFFile, bos: str, eos: str) -> str:
+def user_prefix(gf: Source, bos: str, eos: str) -> str:
     """The chat template rendered up to where the user's message begins."""
     mark = "\x00USER\x00"
     text = chat_prompt(gf, mark, bos, eos)
@@ -170,7 +169,7 @@ def generate_prompts(
     results: dict[int, str] = {}
     tried = 0
     try:
-        prefix = user_prefix(rt.file, *rt.special_texts())
+        prefix = user_prefix(rt.chat_file, *rt.special_texts())
         rng = np.random.default_rng(cfg.seed)
         tries = int(cfg.n * 2) + 16
         starters = [STARTERS[i] for i in rng.integers(0, len(STARTERS), size=tries)]
