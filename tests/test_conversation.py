@@ -121,7 +121,7 @@ def test_a_conversation_keeps_each_answer_as_its_tokens(tiny_models):
     seen: list[tuple[str, bool]] = []
 
     class Host:  # a stand-in runtime: one token per tokenize call, generations of fixed tokens
-        file = gf
+        file = chat_file = gf
 
         def special_texts(self) -> tuple[str, str]:
             return "<s>", "</s>"

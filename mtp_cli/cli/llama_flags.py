@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import click
 
-from mtp_cli.chat import template_text
 from mtp_cli.cli.options import DEFAULTS as _D
 from mtp_cli.cli.options import stack
 from mtp_cli.config import (
@@ -302,6 +301,8 @@ def chat_template_of(opts: dict[str, Any]) -> Optional[str]:
             raise ConfigError(
                 f"`chat_template_file` {path}: cannot read it: {getattr(e, 'strerror', None) or e}"
             ) from None
+    from mtp_cli.chat import template_text  # (llama_cpp's Jinja formatter: not for --help)
+
     return template_text(text) if text else None
 
 
