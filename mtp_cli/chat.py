@@ -38,12 +38,27 @@ Source = Union[GGUFFile, Templated]  # where a chat template is read from
 
 
 def template_text(value: str) -> str:
-    """A --chat-template value: Jinja text as it is, or a built-in template's name."""
-    if "{%" in value or "{{" in value:
-        return value
+    """A --chat-template value: Jinja text (checked), or a built-in template's name."""
     if value in BUILTIN:
         return BUILTIN[value]
-    raise ChatTemplateError(f"`chat_template`: {value!r} is neither a Jinja template nor one of {', '.join(BUILTIN)}")
+    if "{%" not in value and "{{" not in value:
+        raise ChatTemplateError(
+            f"`chat_template`: {value!r} is neither a Jinja template nor one of {', '.join(BUILTIN)}"
+        )
+    return checked_template(value)
+
+
+def checked_template(text: str) -> str:
+    """A chat template given by the user, if it renders one user message (else one line naming it)."""
+    if not text.strip():
+        raise ChatTemplateError("`chat_template` is empty")
+    try:
+        Jinja2ChatFormatter(text, eos_token="</s>", bos_token="<s>", add_generation_prompt=True)(
+            messages=[{"role": "user", "content": "x"}]
+        )
+    except Exception as e:  # (the template is the user's code: its failure in one line)
+        raise ChatTemplateError(f"`chat_template` does not render: {e}") from None
+    return text
 
 
 _MARK = "\x00mtp-cli-end-of-answer\x00"  # where an answer's text ends in a rendered history

@@ -26,7 +26,7 @@ from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
-from mtp_cli.chat import Source, Templated
+from mtp_cli.chat import Source, Templated, checked_template
 from mtp_cli.config import GenConfig, LoadConfig, Placement
 from mtp_cli.contexts import Contexts, ContextSettings
 from mtp_cli.drafters import Drafter, Models
@@ -75,7 +75,8 @@ class Runtime:
         self.stats: Optional[GenStats] = None
         self.file = open_target_file(self.model_path)
         # (where chat templates are read: the file's own, or the one the user gave)
-        self.chat_file: Source = Templated(self.file, config.chat_template) if config.chat_template else self.file
+        given = checked_template(config.chat_template) if config.chat_template is not None else None
+        self.chat_file: Source = Templated(self.file, given) if given else self.file
         if self.draft_path is None and self._head_apart(spec, config.n_gpu_layers):
             self.draft_path = head_sidecar(self.file)  # (its own model: its own -ngld)
         self.draft_file = open_model_file(self.draft_path, "draft model") if self.draft_path else None

@@ -274,3 +274,91 @@ def test_a_chat_template_given_is_read_instead_of_the_files(tiny, tmp_path):
         ],
     )
     assert r.exit_code == 0, r.output
+
+
+def test_review_fixes_bias_surrogates_one_prompt_auth_counts_and_templates(native, tiny):
+    """Found by review and by llama.cpp's suite: a bad logit_bias or a lone surrogate on the native
+    routes was a 500; `["a"]` came back as a list; x-api-key beat a right Authorization; batched
+    decodes were counted once per request; a broken --chat-template was accepted at start."""
+    body = {"prompt": "the cat", "n_predict": 2, "temperature": 0}
+    for bad in (
+        {"logit_bias": [["x", "abc"]]},
+        {"logit_bias": [["x", None]]},
+        {"logit_bias": {"1": "x"}},
+        {"logit_bias": [[10**9, 1]]},
+        {"prompt": [1, "x\ud800y"]},
+    ):
+        status, doc = native.raw("POST", "/completion", json.dumps({**body, **bad}))
+        assert status == 400 and "error" in doc, (bad, doc)
+    assert native.raw("POST", "/tokenize", json.dumps({"content": "x\ud800"}))[0] == 400
+    assert (
+        native.raw("POST", "/apply-template", json.dumps({"messages": [{"role": "user", "content": "x\ud800"}]}))[0]
+        == 400
+    )
+    _, one = native.raw("POST", "/completion", json.dumps({**body, "prompt": ["the cat"]}))
+    assert isinstance(one, dict) and one["prompt"] == "the cat"
+    five = native.engine.rt.tokenize("5", add_special=False)
+    _, text_key = native.raw("POST", "/completion", json.dumps({**body, "logit_bias": [["5", False]], "n_probs": 1}))
+    assert text_key["stop"] and not set(five) & set(text_key.get("tokens", []))
+    _, counted = native.raw(
+        "POST", "/chat/completions/input_tokens", json.dumps({"messages": [{"role": "user", "content": "the cat"}]})
+    )
+    chat = native.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "the cat"}], max_tokens=1
+    )
+    assert counted["input_tokens"] == chat.usage.prompt_tokens and chat.system_fingerprint.startswith("mtp-cli-")
+    _, counted = native.raw("POST", "/v1/responses/input_tokens", json.dumps({"input": "the cat"}))
+    assert counted["input_tokens"] == chat.usage.prompt_tokens
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the"}]
+    assert (
+        native.raw(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps(
+                {"messages": prefill, "max_tokens": 1, "continue_final_message": True, "add_generation_prompt": False}
+            ),
+        )[0]
+        == 200
+    )
+    status, doc = native.raw(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({"messages": prefill, "continue_final_message": True, "add_generation_prompt": True}),
+    )
+    assert status == 400 and "exclude each other" in doc["error"]["message"]
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX, n_threads=1)).start()
+    s = Served(engine, api_key="sekrit")
+    try:
+        models = "/v1/models"
+        assert s.raw("GET", models, headers={"Authorization": "Bearer sekrit", "x-api-key": "wrong"})[0] == 200
+        assert s.raw("GET", models, headers={"Authorization": "sekrit"})[0] == 200  # (llama-server takes a bare key)
+        assert s.raw("GET", models, headers={"Authorization": "Bearer wrong", "x-api-key": "sekrit"})[0] == 401
+    finally:
+        s.close()
+        engine.close()
+    from mtp_cli.serve.metrics import Metrics
+
+    m = Metrics()
+    m.step(3)
+    m.step(1)
+    assert "llamacpp:n_busy_slots_per_decode 2" in m.text(
+        0, 0, "fixed", "mtp"
+    ) and "llamacpp:n_decode_total 2" in m.text(0, 0, "fixed", "mtp")
+    from click.testing import CliRunner
+
+    from mtp_cli.cli import main
+
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-m",
+            str(tiny["full"]),
+            "--chat",
+            "-p",
+            "hi",
+            "--chat-template",
+            "{% for m in messages %}{{ m.nope() }}{% endfor %}",
+        ],
+    )
+    assert r.exit_code == 2 and "--chat-template does not render" in r.output

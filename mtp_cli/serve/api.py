@@ -20,6 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
+from mtp_cli.errors import MtpError
 from mtp_cli.serve import anthropic, embed, native, openai_out, responses, webui
 from mtp_cli.serve.engine import Engine, model_info
 from mtp_cli.serve.replies import anthropic_error, error
@@ -95,10 +96,11 @@ def create_app(
     async def auth(request: Request) -> None:
         """A dependency, not a middleware: Starlette's middleware hides a client's disconnect. The key
         as OpenAI's clients send it (Authorization: Bearer) or Anthropic's (x-api-key)."""
-        if api_key is not None:
-            bearer = request.headers.get("authorization", "")
-            given = request.headers.get("x-api-key", bearer[7:] if bearer.startswith("Bearer ") else "")
-            if not secrets.compare_digest(given.encode(), api_key.encode()):
+        if api_key is not None:  # (Authorization first, as llama-server reads them; headers arrive as latin-1)
+            auth = request.headers.get("authorization", "").strip()
+            given = auth[7:].strip() if auth[:7].lower() == "bearer " else auth
+            given = given or request.headers.get("x-api-key", "")
+            if not secrets.compare_digest(given.encode("latin-1", "replace"), api_key.encode()):
                 raise HTTPException(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)")
 
     @app.get("/health")
@@ -193,7 +195,6 @@ def _errors(app: FastAPI) -> None:
 
 def _routes(engine: Engine) -> list[tuple[str, Any, str]]:
     """(path under /v1, handler, method) of every guarded route."""
-    kept = responses.Store()
 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_info(engine)]}
@@ -212,6 +213,39 @@ def _routes(engine: Engine) -> list[tuple[str, Any, str]]:
         run = Run(engine, choices(req, req.n or 1), request)
         return await openai_out.respond(run, "text_completion", bool(req.stream), include)
 
+    async def embeddings(req: embed.EmbeddingRequest) -> Any:
+        return await embed.respond(engine, req)
+
+    async def messages(req: anthropic.MessagesRequest, request: Request) -> Any:
+        return await anthropic.respond(engine, req, request)
+
+    async def count_tokens(req: anthropic.CountRequest) -> Any:
+        return await anthropic.count(engine, req)
+
+    async def chat_tokens(req: ChatRequest) -> Any:
+        """llama-server's input token count of a chat request (its prompt, rendered whole)."""
+        try:
+            return {"input_tokens": engine.count(req)}
+        except MtpError as e:
+            return error(400, e.spelled(lambda name: f"`{name}`"))
+
+    return [
+        ("/models", models, "GET"),
+        ("/models/{model_id:path}", model, "GET"),
+        ("/chat/completions", chat, "POST"),
+        ("/completions", completions, "POST"),
+        ("/embeddings", embeddings, "POST"),
+        ("/messages", messages, "POST"),
+        ("/messages/count_tokens", count_tokens, "POST"),
+        ("/chat/completions/input_tokens", chat_tokens, "POST"),
+        *_responses_routes(engine),
+    ]
+
+
+def _responses_routes(engine: Engine) -> list[tuple[str, Any, str]]:
+    """The Responses API's routes, over one store of the responses kept."""
+    kept = responses.Store()
+
     async def respond(req: responses.ResponsesRequest, request: Request) -> Any:
         return await responses.respond(engine, kept, req, request)
 
@@ -223,26 +257,19 @@ def _routes(engine: Engine) -> list[tuple[str, Any, str]]:
             return error(404, f"no response {response_id!r} is kept", param="response_id")
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
-    async def embeddings(req: embed.EmbeddingRequest) -> Any:
-        return await embed.respond(engine, req)
-
-    async def messages(req: anthropic.MessagesRequest, request: Request) -> Any:
-        return await anthropic.respond(engine, req, request)
-
-    async def count_tokens(req: anthropic.CountRequest) -> Any:
-        return await anthropic.count(engine, req)
+    async def input_tokens(req: responses.ResponsesRequest) -> Any:
+        try:
+            before = kept.history(req.previous_response_id) if req.previous_response_id else []
+            chat, _ = responses.chat_request(req, before)
+            return {"object": "response.input_tokens", "input_tokens": engine.count(chat)}
+        except MtpError as e:
+            return error(400, e.spelled(lambda name: f"`{name}`"))
 
     return [
-        ("/models", models, "GET"),
-        ("/models/{model_id:path}", model, "GET"),
-        ("/chat/completions", chat, "POST"),
-        ("/completions", completions, "POST"),
         ("/responses", respond, "POST"),
+        ("/responses/input_tokens", input_tokens, "POST"),
         ("/responses/{response_id}", get_response, "GET"),
         ("/responses/{response_id}", delete_response, "DELETE"),
-        ("/embeddings", embeddings, "POST"),
-        ("/messages", messages, "POST"),
-        ("/messages/count_tokens", count_tokens, "POST"),
     ]
 
 

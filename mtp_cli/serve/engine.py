@@ -262,7 +262,7 @@ class Engine:
             st.n_max,
         )
         self.recent.append(rec)
-        self.metrics.add(st)
+        self.metrics.add(st, batched=self.rt.config.n_parallel > 1)
         _log(rec, st.spec_type)
         if not job.cancelled.is_set():
             finish = "stop" if cut else "tool_calls" if calls else FINISH.get(str(st.stop_reason), "stop")

@@ -52,7 +52,8 @@ class Metrics:
         self.started = int(time.time())
         self._lock = threading.Lock()
 
-    def add(self, st: GenStats) -> None:
+    def add(self, st: GenStats, batched: bool = False) -> None:
+        """A request that ended; its decodes counted here unless a batch runner counts them (`step`)."""
         with self._lock:
             t = self.t
             t.requests += 1
@@ -61,14 +62,21 @@ class Metrics:
             t.prompt_seconds += st.t_prompt
             t.predicted += st.n_tokens
             t.predicted_seconds += st.t_gen if st.n_tokens > st.n_first else 0.0
-            t.decodes += st.n_verify + (st.n_prompt > st.n_cached)
-            t.busy_rows += st.n_verify + (st.n_prompt > st.n_cached)
+            if not batched:  # (one request at a time: its own decodes, one request each)
+                t.decodes += st.n_verify + (st.n_prompt > st.n_cached)
+                t.busy_rows += st.n_verify + (st.n_prompt > st.n_cached)
             t.n_tokens_max = max(t.n_tokens_max, st.n_prompt + st.n_tokens)
             t.drafted += st.n_drafted
             t.accepted += st.n_accepted
             t.drafting_passes += st.drafted_at[0] if st.drafted_at else 0
             t.drafted_at = _add(t.drafted_at, st.drafted_at)
             t.accepted_at = _add(t.accepted_at, st.accepted_at)
+
+    def step(self, n_requests: int) -> None:
+        """One batched decode serving `n_requests` requests (serve -np)."""
+        with self._lock:
+            self.t.decodes += 1
+            self.t.busy_rows += n_requests
 
     def add_prompt(self, n_tokens: int, seconds: float) -> None:
         """An embedding's inputs: prompt tokens decoded."""

@@ -18,10 +18,11 @@ from mtp_cli.config import MAX_LOGPROBS
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.serve.engine import Engine
 from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
-from mtp_cli.serve.messages import Strict
+from mtp_cli.serve.messages import Strict, lone_surrogate
+from mtp_cli.serve.native_inputs import bias_ids, prompts
 from mtp_cli.serve.openai_out import SSE_HEADERS
 from mtp_cli.serve.replies import GONE, error, failed
-from mtp_cli.serve.requests import ChatRequest, CompletionRequest
+from mtp_cli.serve.requests import ChatRequest, CompletionRequest, check
 from mtp_cli.serve.runs import Run
 
 STOP_TYPE = {"length": "limit", "stop": "eos", "tool_calls": "eos"}
@@ -98,7 +99,9 @@ class NativeRequest(Strict):
         return None
 
 
-def tokenize(engine: Engine, req: TokenizeRequest) -> dict[str, Any]:
+def tokenize(engine: Engine, req: TokenizeRequest) -> Any:
+    if lone_surrogate(req.content):
+        return error(400, "`content` holds a lone surrogate (valid JSON, but not text)", param="content")
     ids = engine.rt.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
     if not req.with_pieces:
         return {"tokens": ids}
@@ -123,6 +126,7 @@ def detokenize(engine: Engine, req: DetokenizeRequest) -> Any:
 def apply_template(engine: Engine, req: ChatRequest) -> Any:
     """The prompt the chat template makes of the messages (and tools), as text."""
     try:
+        check(req)
         msgs, extra = req.chat_messages(), dict(req.chat_template_kwargs or {})
         tools, _ = req.tools_asked()
         if tools:
@@ -187,6 +191,9 @@ def completion_requests(engine: Engine, req: NativeRequest) -> list[CompletionRe
     why = req.unused()
     if why:
         raise ConfigError(why)
+    where = lone_surrogate(req.model_dump(exclude_none=True))
+    if where:
+        raise ConfigError(f"`{where}` holds a lone surrogate (valid JSON, but not text)")
     return [_one(engine, req, p) for p in prompts(engine, req.prompt)]
 
 
@@ -195,7 +202,7 @@ def _one(engine: Engine, req: NativeRequest, prompt: Union[str, list[int]]) -> C
     for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         body[name] = getattr(req, name)
     body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
-    body |= {"json_schema": req.json_schema, "logit_bias": _bias(engine, req.logit_bias)}
+    body |= {"json_schema": req.json_schema, "logit_bias": bias_ids(engine, req.logit_bias)}
     body["timings_per_token"] = req.timings_per_token
     if req.repeat_last_n is not None:
         body["repeat_last_n"] = engine.n_ctx if req.repeat_last_n == -1 else req.repeat_last_n
@@ -204,55 +211,6 @@ def _one(engine: Engine, req: NativeRequest, prompt: Union[str, list[int]]) -> C
     except pydantic.ValidationError as e:
         first = e.errors()[0]
         raise ConfigError(f"`{'.'.join(str(x) for x in first.get('loc', ()))}`: {first.get('msg')}") from None
-
-
-def prompts(engine: Engine, prompt: Any) -> list[Union[str, list[int]]]:
-    """llama-server's prompt shapes: a text, token ids with texts among them (one sequence), a
-    {"prompt_string": ...} object, or a list of those (several prompts, answered as a list)."""
-    seq = isinstance(prompt, list) and any(isinstance(p, int) for p in prompt)
-    if isinstance(prompt, (str, dict)) or (seq and all(isinstance(p, (int, str)) for p in prompt)):
-        return [_prompt(engine, prompt)]
-    if not isinstance(prompt, list) or not prompt:
-        raise ConfigError("`prompt` takes a text, token ids, a {prompt_string} object or a list of them")
-    return [_prompt(engine, p) for p in prompt]
-
-
-def _prompt(engine: Engine, prompt: Any) -> Union[str, list[int]]:
-    if isinstance(prompt, dict):
-        if prompt.get("multimodal_data"):
-            raise ConfigError("`prompt.multimodal_data`: this model reads text")
-        if not isinstance(prompt.get("prompt_string"), str):
-            raise ConfigError("`prompt.prompt_string` is required")
-        return str(prompt["prompt_string"])
-    if isinstance(prompt, str):
-        return prompt
-    if not isinstance(prompt, list) or not all(isinstance(p, (int, str)) for p in prompt):
-        raise ConfigError("`prompt` takes a text, token ids, a {prompt_string} object or a list of them")
-    ids: list[int] = []
-    for i, p in enumerate(prompt):  # (texts tokenized where they sit; the first one with BOS)
-        ids += engine.rt.tokenize(p, add_special=i == 0) if isinstance(p, str) else [int(p)]
-    return ids
-
-
-def _bias(engine: Engine, bias: Union[list[list[Any]], dict[str, Any], None]) -> Optional[dict[str, float]]:
-    """llama-server's logit_bias ([[token or text, bias or false]] or {token or text: bias}) as
-    token id -> bias (false: banned, as OpenAI's -100)."""
-    if not bias:
-        return None
-    pairs = bias.items() if isinstance(bias, dict) else [tuple(p) for p in bias]
-    out: dict[str, float] = {}
-    for pair in pairs:
-        if len(pair) != 2:
-            raise ConfigError("`logit_bias` takes [token or text, bias] pairs")
-        key, value = pair
-        value = -100.0 if value is False else float(value)
-        ids = (
-            [int(key)]
-            if isinstance(key, int) or str(key).isdigit()
-            else engine.rt.tokenize(str(key), add_special=False)
-        )
-        out |= {str(t): value for t in ids}
-    return out
 
 
 async def complete(engine: Engine, req: NativeRequest, client: Any) -> Any:
@@ -278,8 +236,7 @@ async def complete(engine: Engine, req: NativeRequest, client: Any) -> Any:
     if isinstance(done, Failed):
         return failed(done)
     out = [_fields(_final(engine, req, first, d, d.text, i), req.response_fields) for i, d in enumerate(done)]
-    many = len(asked) > 1 or (isinstance(req.prompt, list) and all(isinstance(p, str) for p in req.prompt))
-    return out if many else out[0]
+    return out if len(out) > 1 else out[0]  # (one result: one object, as llama-server answers)
 
 
 def _fields(doc: dict[str, Any], fields: Optional[list[str]]) -> dict[str, Any]:
@@ -309,6 +266,7 @@ def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content:
         "tokens_predicted": d.stats.n_tokens,
         "tokens_evaluated": first.n_prompt,
         "tokens_cached": first.n_cached,
+        "prompt": _prompt_text(engine, req, index),
         "generation_settings": settings,
         "has_new_line": "\n" in d.text,
         "truncated": False,
@@ -320,6 +278,12 @@ def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content:
     if d.probs is not None and req.n_probs:
         out["completion_probabilities"] = _probs(d.probs)
     return out
+
+
+def _prompt_text(engine: Engine, req: NativeRequest, index: int) -> str:
+    """The prompt as text (token ids read back with their special tokens' texts)."""
+    p = prompts(engine, req.prompt)[index]
+    return p if isinstance(p, str) else engine.rt.detokenize(p)
 
 
 def _n_predict(engine: Engine, req: NativeRequest) -> int:
@@ -375,5 +339,4 @@ __all__ = [
     "slots",
     "complete",
     "completion_requests",
-    "prompts",
 ]

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from mtp_cli import __version__
 from mtp_cli.serve.engine import now
 from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
 from mtp_cli.serve.replies import GONE, error, failed
@@ -17,6 +18,7 @@ from mtp_cli.serve.runs import Run
 from mtp_cli.serve.tools import Call
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+FINGERPRINT = f"mtp-cli-{__version__}"  # (OpenAI's system_fingerprint: what served the request)
 
 
 async def respond(run: Run, obj: str, stream: bool, include_usage: bool) -> Any:
@@ -28,6 +30,7 @@ async def respond(run: Run, obj: str, stream: bool, include_usage: bool) -> Any:
         return failed(first)
     head = {"id": ("chatcmpl-" if obj == "chat.completion" else "cmpl-") + run.id, "created": now()}
     head["model"] = run.engine.alias
+    head["system_fingerprint"] = FINGERPRINT
     if stream:
         run.streaming()
         return StreamingResponse(

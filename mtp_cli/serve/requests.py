@@ -182,6 +182,8 @@ class ChatRequest(Sampling):
     verbosity: Optional[str] = None
     web_search_options: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None  # (llama-server's: passed to the template)
+    continue_final_message: Optional[bool] = None  # (vLLM's: a last assistant message is continued anyway)
+    add_generation_prompt: Optional[bool] = None  # (vLLM's: false only with a last assistant message)
     reasoning_format: Optional[str] = None  # (llama-server's)
 
     def unsupported(self) -> Optional[str]:
@@ -196,6 +198,13 @@ class ChatRequest(Sampling):
             return "`web_search_options`: this server does not search the web"
         for i, m in enumerate(self.messages):  # (an image part, say: refused naming it)
             m.text(f"messages.{i}")
+        prefill = self.messages[-1].role == "assistant"
+        if self.continue_final_message and self.add_generation_prompt:
+            return "`continue_final_message` and `add_generation_prompt` exclude each other"
+        if (self.continue_final_message or self.add_generation_prompt is False) and not prefill:
+            return "`continue_final_message` needs a last message of the assistant's to continue"
+        if self.continue_final_message is False and prefill:
+            return "`continue_final_message`: a last assistant message is always continued here"
         return super().unsupported()
 
     def requested_tokens(self) -> Optional[int]:

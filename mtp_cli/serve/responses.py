@@ -246,4 +246,4 @@ async def _events(
         run.close()
 
 
-__all__ = ["Store", "respond"]
+__all__ = ["Store", "respond", "chat_request", "ResponsesRequest"]

@@ -20,6 +20,7 @@ from mtp_cli.memory import common_prefix
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb
 from mtp_cli.serve.jobs import Begun, EmbedJob, Job
+from mtp_cli.serve.metrics import Metrics
 from mtp_cli.session import Session, Taken
 from mtp_cli.slots import BatchRunner, StepOut
 from mtp_cli.speed.auto import AutoDraft
@@ -38,6 +39,7 @@ class Host(Protocol):
     _jobs: queue.Queue[Union[Job, EmbedJob, None]]
     _closing: threading.Event
     _active: dict[int, Job]
+    metrics: Metrics
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun: ...
 
@@ -156,7 +158,9 @@ class SlotWorker:
                 self._end(seq, StepOut(ended=True))
 
     def _step(self) -> None:
-        for seq, out in self.runner.step().items():
+        outs = self.runner.step()
+        self.e.metrics.step(len(outs))
+        for seq, out in outs.items():
             slot = self.slots[seq]
             cut = False
             for ev in out.events:
