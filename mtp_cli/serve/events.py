@@ -189,21 +189,22 @@ def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
 
 
 def timings(st: GenStats) -> dict[str, Any]:
-    """llama-server's `timings` object (front-ends written for it read acceptance from here)."""
+    """llama-server's `timings` object (front-ends written for it read acceptance from here), unrounded
+    as llama-server gives it: the rates follow from the counts and times shown. The first token is
+    the prompt pass's, so the generation rate is over the tokens after it."""
     n_prompt, n_gen = st.n_prompt - st.n_cached, st.n_tokens
     prompt_ms, gen_ms = st.t_prompt * 1e3, st.t_gen * 1e3
+    stepped = n_gen - st.n_first
     return {
         "cache_n": st.n_cached,
         "prompt_n": n_prompt,
-        "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / n_prompt, 3) if n_prompt else 0.0,
-        "prompt_per_second": round(st.prompt_tokens_per_second, 3),
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+        "prompt_per_second": st.prompt_tokens_per_second,
         "predicted_n": n_gen,
-        "predicted_ms": round(gen_ms, 3),
-        "predicted_per_token_ms": round(gen_ms / (n_gen - st.n_first), 3) if n_gen > st.n_first else 0.0,
-        "predicted_per_second": round(st.tokens_per_second, 3)
-        if n_gen > st.n_first
-        else 0.0,  # (the first is the prompt's)
+        "predicted_ms": gen_ms,
+        "predicted_per_token_ms": gen_ms / stepped if stepped > 0 and gen_ms > 0 else 0.0,
+        "predicted_per_second": stepped / gen_ms * 1e3 if stepped > 0 and gen_ms > 0 else 0.0,
         "draft_n": st.n_drafted,
         "draft_n_accepted": st.n_accepted,
     }
