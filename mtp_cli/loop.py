@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Optional
 
 import numpy as np
@@ -95,6 +95,7 @@ class VerifyLoop:
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
         self.suspended = False  # at a yield: a generation closed there leaves a known memory
+        self.progress: Optional[Callable[[int, int], None]] = None  # (prompt positions done, of how many)
 
     def run(self, prompt: Sequence[int], reuse: Optional[Reuse] = None) -> Generator[TokenEvent, None, GenStats]:
         """`reuse`: what of the prompt the target already holds (only the rest is decoded). One decode
@@ -151,6 +152,8 @@ class VerifyLoop:
         self._h_rows(not self.asleep)
         self._prompt: Optional[np.ndarray] = np.asarray(prompt, dtype=np.int32)
         self._p0 = keep
+        if self.progress is not None:
+            self.progress(keep, len(prompt))
         return True
 
     @property
@@ -203,6 +206,8 @@ class VerifyLoop:
             d.on_prefill(chunk, self._p0)
         self._p0 += len(chunk)
         if self._p0 < len(prompt):
+            if self.progress is not None:
+                self.progress(self._p0, len(prompt))
             return False
         self._prompt = None
         row = lx.logits_rows(self.tgt, out0 + 1, self.V)[out0]
@@ -210,6 +215,8 @@ class VerifyLoop:
         self.n_past = len(prompt)
         d.t_decode, d.n_decode = 0.0, 0  # the drafter's generation costs start now
         st.t_prompt = _now() - self._t_begin
+        if self.progress is not None:
+            self.progress(len(prompt), len(prompt))
         stop = yield from self._emit(first, "target", 0)
         if st.stop_reason != "eog":
             self.policy.can_sleep = d.can_sleep

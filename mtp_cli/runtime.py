@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -54,6 +54,7 @@ class Prepared:
     policy: DraftPolicy
     stats: GenStats
     seq: int
+    progress: Optional[Callable[[int, int], None]] = None  # (prompt positions in memory, of how many)
 
 
 class Runtime:
@@ -266,6 +267,7 @@ class Runtime:
         policy: Optional[DraftPolicy] = None,
         reuse: bool = False,
         seq: int = 0,
+        progress: Optional[Callable[[int, int], None]] = None,
     ) -> Generation:
         """Validate, then return the Generation (iterate it for TokenEvents; its `stats`, also
         `self.stats`, are live and final once it ends). A KeyboardInterrupt while generating ends it
@@ -275,8 +277,10 @@ class Runtime:
         shares with what the last generation left in memory is kept, only the rest decoded
         (stats.n_cached says how many; mtp_cli.memory). `seq`: the sequence (slot, 0..n_parallel-1)
         it runs in; generations in different sequences may be iterated in turn (or batched:
-        mtp_cli.slots)."""
+        mtp_cli.slots). `progress(done, total)`: the prompt's positions in memory, before its first
+        chunk and after each one."""
         prep = self.prepare(prompt_tokens, config, policy=policy, reuse=reuse, seq=seq)
+        prep.progress = progress
         return Generation(self._run(prep), prep.stats)
 
     def prepare(
@@ -351,6 +355,7 @@ class Runtime:
             c.costs,
             prep.seq,
         )
+        loop.progress = prep.progress
         self._live.add(prep.seq)
         return loop
 

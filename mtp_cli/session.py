@@ -17,7 +17,7 @@ turn, a shared system prompt.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -110,10 +110,16 @@ class Session:
     def ids(self, tokens: Sequence[int]) -> Prompt:
         return Prompt([int(x) for x in tokens])
 
-    def generate(self, prompt: Prompt, cfg: GenConfig, policy: Optional[DraftPolicy] = None) -> Generation:
+    def generate(
+        self,
+        prompt: Prompt,
+        cfg: GenConfig,
+        policy: Optional[DraftPolicy] = None,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> Generation:
         """Generate from `prompt`, keeping the longest prefix the memory already holds of it."""
         self._last = None  # (until this generation ends, the memory is in flux)
-        gen = self.rt.generate(prompt.tokens, cfg, policy=policy, reuse=True, seq=self.seq)
+        gen = self.rt.generate(prompt.tokens, cfg, policy=policy, reuse=True, seq=self.seq, progress=progress)
         self._last = _Turn(prompt, gen)
         return gen
 

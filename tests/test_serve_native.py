@@ -46,7 +46,8 @@ def _stream(s: Served, path: str, body: dict) -> list[dict]:
     c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     raw = c.getresponse().read().decode()
     c.close()
-    return [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+    lines = [line for block in raw.split("\n\n") for line in block.split("\n")]  # (Responses: event + data)
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
 def test_tokenize_detokenize_apply_template_props_and_slots(native):
@@ -362,3 +363,52 @@ def test_review_fixes_bias_surrogates_one_prompt_auth_counts_and_templates(nativ
         ],
     )
     assert r.exit_code == 2 and "--chat-template does not render" in r.output
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_prompt_progress_is_reported_chunk_by_chunk(tiny, n_parallel):
+    """llama-server's return_progress: a prompt_progress before the prompt's first chunk (processed =
+    cache) and after each one, up to the whole prompt, in native, chat and Responses streams."""
+    from mtp_cli.config import LoadConfig
+
+    load = LoadConfig(spec_type="mtp", n_parallel=n_parallel)
+    cfg = GenConfig(spec_type="mtp", draft_n_max=3, n_ctx=N_CTX * n_parallel, n_batch=16, n_threads=1)
+    engine = Engine.load(tiny["full"], cfg, load=load)
+    s = Served(engine.start())
+    try:
+        prompt = "the cat sat on the mat " * 6
+        chunks = _stream(
+            s,
+            "/completion",
+            {"prompt": prompt, "n_predict": 3, "stream": True, "return_progress": True, "timings_per_token": True},
+        )
+        seen = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+        total = seen[0]["total"]
+        assert len(seen) >= 3 and seen[0]["processed"] == seen[0]["cache"] == 0 and seen[-1]["processed"] == total
+        assert [p["processed"] for p in seen] == sorted(p["processed"] for p in seen) and len(
+            {p["processed"] for p in seen}
+        ) == len(seen)
+        assert [c["timings"]["prompt_n"] for c in chunks if "prompt_progress" in c][0] == 0
+        again = _stream(
+            s, "/completion", {"prompt": prompt + "and", "n_predict": 3, "stream": True, "return_progress": True}
+        )
+        first = next(c["prompt_progress"] for c in again if "prompt_progress" in c)
+        assert first["cache"] == first["processed"] > 0  # (the prompt cache held most of it)
+        chat = _stream(
+            s,
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 2,
+                "stream": True,
+                "return_progress": True,
+            },
+        )
+        assert [c for c in chat if "prompt_progress" in c and c["choices"] == []]
+        events = _stream(
+            s, "/v1/responses", {"input": prompt, "max_output_tokens": 2, "stream": True, "return_progress": True}
+        )
+        assert [e for e in events if e["type"] == "response.in_progress" and "prompt_progress" in e]
+    finally:
+        s.close()
+        engine.close()

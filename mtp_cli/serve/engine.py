@@ -28,7 +28,19 @@ from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.embeddings import Embedder
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.runtime import Runtime
-from mtp_cli.serve.events import FINISH, Delta, Done, Failed, Started, Streamed, TokenProb, figures, stream, timings
+from mtp_cli.serve.events import (
+    FINISH,
+    Delta,
+    Done,
+    Failed,
+    Started,
+    Streamed,
+    TokenProb,
+    figures,
+    reporter,
+    stream,
+    timings,
+)
 from mtp_cli.serve.jobs import Begun, Embedded, EmbedJob, Job, Request
 from mtp_cli.serve.metrics import Metrics
 from mtp_cli.serve.requests import ChatRequest, check
@@ -228,7 +240,8 @@ class Engine:
 
     def _run(self, job: Job) -> None:
         st = self.begin(job, self.session)
-        gen = self.session.generate(st.prompt, st.res.config, st.res.policy)
+        report = reporter(job) if st.req.return_progress else None
+        gen = self.session.generate(st.prompt, st.res.config, st.res.policy, report)
         job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached))
         out = stream(gen, job, st.req.stop_strings(), self._prob, st.held, bool(st.req.timings_per_token))
         self.finish(st, out, gen.stats)

@@ -4,6 +4,7 @@ a Generation (stop strings and possible tool calls held back), and the figures a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Protocol, Union
@@ -59,12 +60,53 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The prompt's processing so far (llama-server's prompt_progress: return_progress)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def doc(self) -> dict[str, Any]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's timings while the prompt is processed (nothing predicted yet)."""
+        n = self.processed - self.cache
+        return {
+            "cache_n": self.cache,
+            "prompt_n": n,
+            "prompt_ms": self.time_ms,
+            "prompt_per_token_ms": self.time_ms / n if n else 0.0,
+            "prompt_per_second": n / self.time_ms * 1e3 if n and self.time_ms > 0 else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        }
+
+
+def reporter(job: Emitting) -> Callable[[int, int], None]:
+    """A generation's `progress` callback that emits Progress events to `job` (the first call
+    says what the cache held; time counts from it)."""
+    start: list[float] = []
+
+    def report(done: int, total: int) -> None:
+        if not start:
+            start.extend((time.perf_counter(), float(done)))
+        job.emit(Progress(total, int(start[1]), done, (time.perf_counter() - start[0]) * 1e3))
+
+    return report
+
+
+@dataclass(frozen=True)
 class Failed:
     error: BaseException
     status: int  # 400 for a request mtp-cli refuses, 500 for its own failure
 
 
-Event = Union[Started, Delta, Done, Failed]
+Event = Union[Started, Delta, Done, Failed, Progress]
 
 
 class Streamed(NamedTuple):
@@ -216,6 +258,8 @@ __all__ = [
     "Delta",
     "Done",
     "Failed",
+    "Progress",
+    "reporter",
     "Event",
     "FINISH",
     "TextStream",

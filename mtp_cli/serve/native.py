@@ -17,7 +17,7 @@ from mtp_cli.chat import render, template_of
 from mtp_cli.config import MAX_LOGPROBS
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
 from mtp_cli.serve.engine import Engine
-from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
+from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
 from mtp_cli.serve.messages import Strict, lone_surrogate
 from mtp_cli.serve.native_inputs import bias_ids, prompts
 from mtp_cli.serve.openai_out import SSE_HEADERS
@@ -65,6 +65,7 @@ class NativeRequest(Strict):
     cache_prompt: Optional[bool] = None
     id_slot: Optional[int] = None
     timings_per_token: Optional[bool] = None
+    return_progress: Optional[bool] = None
     n_keep: Optional[int] = None
     n_cache_reuse: Optional[int] = None
     samplers: Optional[list[str]] = None  # (llama.cpp's default order is the one used)
@@ -203,7 +204,7 @@ def _one(engine: Engine, req: NativeRequest, prompt: Union[str, list[int]]) -> C
         body[name] = getattr(req, name)
     body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
     body |= {"json_schema": req.json_schema, "logit_bias": bias_ids(engine, req.logit_bias)}
-    body["timings_per_token"] = req.timings_per_token
+    body["timings_per_token"], body["return_progress"] = req.timings_per_token, req.return_progress
     if req.repeat_last_n is not None:
         body["repeat_last_n"] = engine.n_ctx if req.repeat_last_n == -1 else req.repeat_last_n
     try:
@@ -316,6 +317,11 @@ async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator
                     doc["completion_probabilities"] = _probs(ev.probs)
                 if ev.timings is not None:
                     doc["timings"] = ev.timings
+                yield f"data: {json.dumps(doc)}\n\n"
+            elif isinstance(ev, Progress):
+                doc = {"index": i, "content": "", "tokens": [], "stop": False, "prompt_progress": ev.doc()}
+                if req.timings_per_token:
+                    doc["timings"] = ev.timings()
                 yield f"data: {json.dumps(doc)}\n\n"
             elif isinstance(ev, Done):
                 ended += 1

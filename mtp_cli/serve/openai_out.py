@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from mtp_cli import __version__
 from mtp_cli.serve.engine import now
-from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
+from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
 from mtp_cli.serve.replies import GONE, error, failed
 from mtp_cli.serve.runs import Run
 from mtp_cli.serve.tools import Call
@@ -135,7 +135,8 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
 
     n = len(run.jobs)
     offsets, done = [0] * n, dict[int, Done]()
-    pieces = bool(getattr(run.jobs[0].request, "mtp_pieces", False))
+    asked = run.jobs[0].request
+    pieces, timed = bool(asked.mtp_pieces), bool(asked.timings_per_token)
     try:
         if obj == "chat.completion":
             for i in range(n):
@@ -149,6 +150,8 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
                 if ev.timings is not None:  # (llama-server's timings_per_token)
                     extra["timings"] = ev.timings
                 yield chunk([_choice(obj, i, ev.text, None, delta=True, logprobs=lps)], **extra)
+            elif isinstance(ev, Progress):  # (llama-server's return_progress)
+                yield chunk([], prompt_progress=ev.doc(), **({"timings": ev.timings()} if timed else {}))
             elif isinstance(ev, Done):
                 done[i] = ev
                 if ev.tool_calls:  # (each call whole, in one delta: clients join deltas by index)

@@ -81,6 +81,7 @@ class Sampling(Strict):
     cache_prompt: Optional[bool] = None  # (llama-server's: the prefix cache is always on)
     id_slot: Optional[int] = None  # (llama-server's: one slot)
     timings_per_token: Optional[bool] = None  # (llama-server's: timings come with the last chunk)
+    return_progress: Optional[bool] = None  # (llama-server's: prompt_progress chunks while the prompt is read)
     mtp_pieces: Optional[bool] = None  # (mtp-cli's: each streamed chunk lists its tokens, drafted or not)
     spec_n_max: Optional[int] = Field(None, alias="speculative.n_max", ge=1, le=DRAFT_N_MAX_LIMIT)  # (llama-server's)
     # llama-server's samplers, at their off values only

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.engine import Engine, now
-from mtp_cli.serve.events import Delta, Done, Failed, Started, TokenProb
+from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
 from mtp_cli.serve.openai_out import SSE_HEADERS
 from mtp_cli.serve.replies import GONE, error, said
 from mtp_cli.serve.responses_in import RENAMED, ResponsesRequest, chat_request
@@ -225,6 +225,8 @@ async def _events(
                     yield event("response.content_part.added", **where, part=_text_part("", None))
                 live = {"timings": ev.timings} if ev.timings is not None else {}
                 yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs), **live)
+            elif isinstance(ev, Progress):
+                yield event("response.in_progress", response=head, prompt_progress=ev.doc())
             elif isinstance(ev, Done):
                 doc = _finished(head, first, ev, mid if opened else None)
                 if opened:

@@ -55,6 +55,7 @@ class ResponsesRequest(Strict):
     prompt_cache_retention: Optional[str] = None
     safety_identifier: Optional[str] = None
     timings_per_token: Optional[bool] = None  # (llama-server's: timings in each text delta)
+    return_progress: Optional[bool] = None  # (llama-server's: prompt_progress while the prompt is read)
     # llama-server's sampling fields
     seed: Optional[int] = None
     top_k: Optional[int] = Field(None, ge=0)
@@ -89,6 +90,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         "parallel_tool_calls": False if req.max_tool_calls == 1 else req.parallel_tool_calls,
         "response_format": _format(req.text),
         "timings_per_token": req.timings_per_token,
+        "return_progress": req.return_progress,
     }
     if req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or []):
         body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0

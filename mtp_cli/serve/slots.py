@@ -18,7 +18,7 @@ from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError, ConfigError
 from mtp_cli.memory import common_prefix
 from mtp_cli.runtime import Runtime
-from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb
+from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb, reporter
 from mtp_cli.serve.jobs import Begun, EmbedJob, Job
 from mtp_cli.serve.metrics import Metrics
 from mtp_cli.session import Session, Taken
@@ -114,6 +114,7 @@ class SlotWorker:
         try:
             seq, b = self._pick(job)
             prep, taken = self.sessions[seq].prepare(b.prompt, b.res.config, b.res.policy)
+            prep.progress = reporter(job) if b.req.return_progress else None
             self.runner.add(prep, gate=self.e.base.draft_mode != "fixed")  # (a forced N stays forced)
         except (ConfigError, ChatTemplateError) as e:
             job.emit(Failed(e, 400))
