@@ -130,7 +130,7 @@ def test_a_conversation_keeps_each_answer_as_its_tokens(tiny_models):
             seen.append((text, add_special))
             return [len(text)]
 
-        def generate(self, prompt_tokens, config, *, policy=None, reuse=False, seq=0) -> Generation:
+        def generate(self, prompt_tokens, config, *, policy=None, reuse=False, seq=0, progress=None) -> Generation:
             def events():
                 yield from (TokenEvent(t, f"<{t}>", "target", 0) for t in (7, 8, 9))
 
