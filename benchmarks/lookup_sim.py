@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mtp_cli import llama_ext as lx  # noqa: E402
 from mtp_cli.config import GenConfig  # noqa: E402
+from mtp_cli.contexts import flash_attn_for  # noqa: E402
 from mtp_cli.drafters.lookup import LookupDrafter  # noqa: E402
 from mtp_cli.prompts import read_prompts  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
@@ -59,7 +60,8 @@ def measure_v(rt: Runtime, prompt: list[int], threads: int, rounds: int = 4, blo
     """v(d), d = 0..D_MAX: a decode of d+1 tokens at the prompt's end against one token's, each d
     timed in blocks of consecutive decodes (a changed batch shape rebuilds llama.cpp's graph: the
     first of a block is not timed), the order of d rotated each round; medians."""
-    ctx = lx.create_context(rt.model, n_ctx=2048, n_batch=512, n_threads=threads)
+    fa = flash_attn_for(GenConfig(), rt.cpu_only)  # (as the runtime's own contexts: off on a CPU)
+    ctx = lx.create_context(rt.model, n_ctx=2048, n_batch=512, n_threads=threads, kv=lx.KvOptions(flash_attn=fa))
     try:
         b = lx.Batch(512)
         b.add_many(prompt, 0, logits_last=True)

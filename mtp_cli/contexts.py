@@ -8,12 +8,33 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mtp_cli import llama_ext as lx
-from mtp_cli.config import GenConfig
+from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.drafters import Chain, ContextPlan, Drafter, Models
 from mtp_cli.memory import Held
 from mtp_cli.step_costs import StepCosts
 
 log = logging.getLogger(__name__)
+
+UNQUANTIZED = ("f32", "f16", "bf16")  # KV cell types llama.cpp's attention without flash attention reads
+
+
+def cpu_only(cfg: LoadConfig) -> bool:
+    """Whether a model loaded so keeps its layers, and so its KV cache, on this machine's CPU."""
+    offloads = cfg.n_gpu_layers != 0 and cfg.placement.device != ("none",)
+    return not (offloads and lx.supports_gpu_offload())
+
+
+def flash_attn_for(cfg: GenConfig, cpu_only: bool) -> Optional[bool]:
+    """The flash attention a context is created with: the config's when given; off where attention
+    runs on the CPU and the KV cells are not quantized; else llama.cpp's auto. Why: llama.cpp's auto
+    turns it on wherever the device has the op, and its CPU kernel reads the cache one query row at a
+    time (below 64 rows): 1.9x slower per token at 256 positions and 2.6x at 1024, batches of 4
+    rows 3.3x (llama-bench, the demo model, 2 threads; ARCHITECTURE §6)."""
+    if cfg.flash_attn is not None:
+        return cfg.flash_attn
+    if cpu_only and cfg.cache_type_k in UNQUANTIZED and cfg.cache_type_v in UNQUANTIZED:
+        return False
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,14 +50,16 @@ class ContextSettings:
     n_seq: int = 1  # sequences (slots) it holds, each n_ctx / n_seq positions (llama-server's split, -np)
 
     @classmethod
-    def of(cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1) -> ContextSettings:
+    def of(
+        cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1, cpu_only: bool = False
+    ) -> ContextSettings:
         n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
         n_ubatch = cfg.n_ubatch
         if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
             # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
             log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
             n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, cfg.flash_attn)
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, cpu_only))
         n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2, n_seq * (cfg.draft_n_max + 1))  # (every slot's step fits)
         return cls(n_ctx, n_batch, cfg.n_threads, n_rs, kv, n_seq)
@@ -65,6 +88,8 @@ class Contexts:
             n_seq_max=key.n_seq,
             kv=key.kv,
         )
+        fa = {True: "on", False: "off"}.get(key.kv.flash_attn, "llama.cpp's auto")  # type: ignore[arg-type]
+        log.info("target context: %d positions, %d sequence(s), flash attention %s", key.n_ctx, key.n_seq, fa)
         return cls(key, tgt, min(key.n_ctx // key.n_seq, lx.n_ctx_seq(tgt)))
 
     def drafter(self, cls: type[Drafter], seq: int, models: Models) -> Drafter:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-# v(k) = PRIOR_FIRST + PRIOR_SLOPE k for k >= 1 before measurements (the demo model on 2 vCPUs:
-# v(1), v(2), v(4), v(8), v(16) = 1.53, 1.82, 2.19, 3.18, 5.23)
-PRIOR_FIRST, PRIOR_SLOPE = 1.3, 0.245
+# v(k) = PRIOR_FIRST + PRIOR_SLOPE k for k >= 1 before measurements (the demo model on 2 vCPUs,
+# flash attention off, 100-400 positions: v(1), v(2), v(4), v(8), v(16) = 1.6-1.7, 1.7-1.9, 2.1-2.2,
+# 2.8, 4.4)
+PRIOR_FIRST, PRIOR_SLOPE = 1.45, 0.19
 COLD = 1.5  # a first pass of k dearer than this times what was expected of it is a cold one
 DECAY = 0.1  # weight of a new measurement in its k's mean (recent costs matter: the context grows)
 

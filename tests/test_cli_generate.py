@@ -351,7 +351,7 @@ def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypat
         assert (target["kv"].flash_attn, target["n_batch"]) == {
             "-fa off": (False, 512),
             "-fa on": (True, 512),
-            "-b 2": (None, 34),  # (n_batch: at least N+2; the default lookup drafts up to 32)
+            "-b 2": (False, 34),  # (n_batch: at least N+2; the default lookup drafts up to 32; auto: off on a CPU)
         }[" ".join(flags)]
         assert doc["text"] == plain["text"]
     monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")

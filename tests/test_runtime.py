@@ -356,3 +356,43 @@ def test_the_longest_common_prefix_is_kept_regenerate_and_edits_give_a_fresh_pre
     s = models("glm4moe", **SENSITIVE)
     with Runtime.load(s["full"], spec_type="mtp") as rt:
         check_prefix_reuse(rt, greedy(spec_type=spec, draft_n_max=3, n_predict=10), sleep)
+
+
+def test_flash_attention_is_off_where_attention_runs_on_the_cpu_unless_asked():
+    """llama.cpp's auto turns flash attention on wherever the device has the op, and its CPU kernel
+    reads the cache a query row at a time (2-3x slower past ~100 positions, and in every verify
+    batch): on a CPU-only placement auto means off; a given setting, quantized KV cells (a
+    quantized V needs it) or offloaded layers leave llama.cpp's choice."""
+    from mtp_cli.config import GenConfig
+    from mtp_cli.contexts import flash_attn_for
+
+    assert flash_attn_for(GenConfig(), cpu_only=True) is False
+    assert flash_attn_for(GenConfig(cache_type_k="bf16", cache_type_v="f32"), cpu_only=True) is False
+    assert flash_attn_for(GenConfig(), cpu_only=False) is None
+    assert flash_attn_for(GenConfig(flash_attn=True), cpu_only=True) is True
+    assert flash_attn_for(GenConfig(flash_attn=False), cpu_only=False) is False
+    for quantized in (dict(cache_type_k="q8_0"), dict(cache_type_v="q4_0")):
+        assert flash_attn_for(GenConfig(**quantized), cpu_only=True) is None
+
+
+def test_a_cpu_runtime_creates_its_target_and_head_contexts_without_flash_attention(models, monkeypatch):
+    """Every context of a generation gets the same resolved setting (the head's reads the same
+    cells' layout as the target's); a placement that offloads layers keeps llama.cpp's auto."""
+    s = models("glm4moe")
+    made: list[dict] = []
+    real = lx.create_context
+    monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append(k) or real(*a, **k))
+    with Runtime.load(s["full"], spec_type="mtp") as rt:
+        assert rt.cpu_only
+        prompt = rt.tokenize(PROMPT)
+        ref = run(rt, prompt, greedy())
+        assert run(rt, prompt, greedy(spec_type="mtp", draft_n_max=3)) == ref
+        assert rt.stats.n_accepted > 0
+        assert len(made) >= 2 and all(k["kv"].flash_attn is False for k in made)
+        made.clear()
+        run(rt, prompt, greedy(flash_attn=True, spec_type="mtp", draft_n_max=3))
+        assert made and all(k["kv"].flash_attn is True for k in made)
+    monkeypatch.setattr(lx, "supports_gpu_offload", lambda: True)
+    for n_gpu_layers, cpu_only in ((-1, False), (0, True)):
+        with Runtime.load(s["full"], spec_type="none", n_gpu_layers=n_gpu_layers) as rt:
+            assert rt.cpu_only is cpu_only

@@ -92,7 +92,8 @@ context = stack(
         default="auto",
         show_default=True,
         callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
-        help="Flash attention.",
+        help="Flash attention. auto: off where attention runs on the CPU (llama.cpp's CPU kernel is "
+        "slower there past ~100 positions) unless the KV cache is quantized, else llama.cpp's auto.",
     ),
 )
 sampling = stack(
