@@ -17,6 +17,7 @@ model. Settings:
     mtp-auto    the head alone under `--spec-draft-n-max auto` (the demo's default before lookups)
     auto        what `mtp-cli generate -m MODEL` drafts with no drafting flags (speed.auto.default_spec,
                 N auto: the lookup chained with the head)
+    NAME+fa     any of these with flash attention on (mtp-cli's default on a CPU is off)
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     lx.quiet_logs()
     names = [s.strip() for s in args.settings.split(",") if s.strip()]
-    bad = [s for s in names if s not in SETTINGS]
+    bad = [s for s in names if s.removesuffix("+fa") not in SETTINGS]
     if bad:
         raise SystemExit(f"--settings: unknown {bad[0]!r} (of {', '.join(SETTINGS)})")
     if args.model is None:
@@ -115,7 +116,7 @@ def main() -> None:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"model": str(args.model), "n_predict": args.n_predict, "repeats": args.repeats, "sets": {}}
     with load(args.model) as rt:
-        settings = [s for s in (SETTINGS[n](rt, base) for n in names) if s is not None]
+        settings = [s for s in (make_setting(rt, base, n) for n in names) if s is not None]
         sets = {
             "edit": (prompt_tokens(rt, [p["prompt"] for p in edits], True), [p["kind"] for p in edits]),
             "free": (prompt_tokens(rt, free, True), ["free"] * len(free)),
@@ -128,6 +129,15 @@ def main() -> None:
     report(out)
     args.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")
+
+
+def make_setting(rt: Runtime, base: GenConfig, name: str) -> Setting | None:
+    """A setting by name; NAME+fa: the same with flash attention on (llama.cpp's auto on a CPU, which
+    mtp-cli resolves to off there: the default before that)."""
+    if not name.endswith("+fa"):
+        return SETTINGS[name](rt, base)
+    s = SETTINGS[name.removesuffix("+fa")](rt, replace(base, flash_attn=True))
+    return replace(s, name=name) if s is not None else None
 
 
 def measure(rt: Runtime, toks: list[list[int]], kinds: list[str], settings: list[Setting], args) -> dict[str, Any]:

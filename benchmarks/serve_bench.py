@@ -2,7 +2,8 @@
 
     python benchmarks/serve_bench.py [-m MODEL] [--clients 32] [--requests 4] [--max-tokens 48]
                                      [--settings none,3,auto] [-t 2] [--timeout 900] [--json out.json]
-    python benchmarks/serve_bench.py --slots 1,2,4,8 [--settings none,auto] [--llama-server] ...
+    python benchmarks/serve_bench.py --slots 1,2,4,8 [--settings none,auto] [--llama-server]
+                                     [--llama-settings none,none+nofa] [--preamble 300] ...
 
 With --slots, for each count C: C clients at once against `mtp-cli serve -np 1` and `-np C` (and
 llama.cpp's own `llama-server -np 1` and `-np C`, built from the pinned sdist's vendored sources,
@@ -17,7 +18,9 @@ decoding's for its prompt (computed first through the library, as `generate --ch
 per setting: errors, truncated or garbled streams, mismatches; time to first token, request latency
 (p50 / p95, queueing included: one model serves one request at a time), tokens/s per request (after
 its first token) and overall (all tokens / wall time), acceptance; and overall tok/s as a ratio to
-`none` measured in the same run. Without -m: the demo model.
+`none` measured in the same run. Without -m: the demo model. A setting may end in `+fa` or `+nofa`
+(flash attention on / off; `--llama-settings none,none+nofa` runs llama-server both ways): by default
+llama-server turns it on and mtp-cli, on a CPU, off.
 """
 
 from __future__ import annotations
@@ -111,8 +114,11 @@ def start_server(
 ) -> subprocess.Popen:
     """`mtp-cli serve` with a draft setting (none, a number, auto; the model's default drafting), or
     llama.cpp's llama-server (`llama`: its binary; plain decoding), both on a 4096-token context
-    split among `n_parallel` slots."""
+    split among `n_parallel` slots; a setting may end in +fa or +nofa (flash attention on / off; each
+    server's own default otherwise: llama-server's auto turns it on, mtp-cli's is off on a CPU)."""
+    setting, _, attn = setting.partition("+")  # (+fa / +nofa: flash attention on / off, either server)
     common = ["-m", model, "--port", str(port), "-t", str(n_threads), "-c", "4096", "-np", str(n_parallel)]
+    common += {"fa": ["-fa", "on"], "nofa": ["-fa", "off"], "": []}[attn]
     if llama is not None:
         cmd = [str(llama), *common, "-tb", str(n_threads), "--host", "127.0.0.1"]
     else:
@@ -281,6 +287,18 @@ def run_setting(
     return res, outcomes
 
 
+def with_preamble(prompts: list[str], words: int) -> list[str]:
+    """One document of `words` words before every question (a long shared prefix, as RAG or a system
+    prompt puts one); the prompts as they are for 0."""
+    if not words:
+        return prompts
+    from mtp_cli.prompts import read_prompts
+
+    text = " ".join(read_prompts(ROOT / "mtp_cli" / "train" / "prompts" / "eval_prompts.txt")).split()
+    doc = " ".join(text[:words])
+    return [f"Some requests people sent me:\n{doc}\n\nNow mine: {p}" for p in prompts]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=None)
@@ -292,7 +310,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per setting, all clients together")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--slots", default=None, help="client counts C: -np 1 against -np C at C clients each")
+    ap.add_argument("--preamble", type=int, default=0, help="words of a document before every prompt (one for all)")
     ap.add_argument("--llama-server", action="store_true", help="with --slots: llama.cpp's llama-server too")
+    ap.add_argument(
+        "--llama-settings", default="none", help="llama-server's settings, comma-separated: none, none+nofa (-fa off)"
+    )
     ap.add_argument("--repeats", type=int, default=1, help="with --slots: runs of each server, in turn (medians)")
     args = ap.parse_args()
     if not 1 <= args.clients <= 256 or not 1 <= args.requests <= 100:
@@ -304,7 +326,7 @@ def main() -> None:
         from mtp_cli.demo import demo_model
 
         model = str(demo_model())
-    prompts = list(PROMPTS)
+    prompts = with_preamble(list(PROMPTS), args.preamble)
     print(f"model {model}; {args.clients} clients x {args.requests} streaming requests, {args.max_tokens} tokens")
     refs = references(model, prompts, args.max_tokens, args.threads)
     if args.slots:

@@ -61,7 +61,7 @@ def sweep(
         args.clients = c
         servers = [("mtp-cli", s.strip(), n) for s in args.settings.split(",") for n in sorted({1, c})]
         if llama is not None:
-            servers += [("llama-server", "none", n) for n in sorted({1, c})]
+            servers += [("llama-server", s.strip(), n) for s in args.llama_settings.split(",") for n in sorted({1, c})]
         runs: dict[tuple[str, str, int], list[tuple[Any, list[Any]]]] = {k: [] for k in servers}
         for _ in range(args.repeats):  # (in turn: the machine's drift falls on every server alike)
             for kind, setting, n in servers:

@@ -44,7 +44,7 @@ def binaries(cache: Path) -> Path:
     return _llama_build().build_tools(TARGETS, cache)
 
 
-def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int) -> dict:
+def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int, fa: str = "on") -> dict:
     """One llama.cpp run: what it printed, tok/s, and for MTP the per-step (accepted, drafted). The
     prompt goes as -p: -f drops a file's final newline (and a chat prompt ends with one)."""
     common = [
@@ -64,6 +64,8 @@ def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: in
         "2048",
         "--seed",
         "0",
+        "-fa",
+        fa,
     ]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     if n_max == 0:
@@ -122,10 +124,10 @@ def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ns
                 for text, tk in zip(rendered, toks):
                     spec = "mtp" if n else "none"
                     cfg = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, spec_type=spec,
-                                    draft_n_max=max(n, 1))  # fmt: skip
+                                    draft_n_max=max(n, 1), flash_attn=a.flash_attn == "on")  # fmt: skip
                     ours_text = "".join(ev.text for ev in rt.generate(tk, cfg))
                     st = rt.stats
-                    t = theirs(bins, model, text, a.n, n, a.threads)
+                    t = theirs(bins, model, text, a.n, n, a.threads, a.flash_attn)
                     rows[n]["ours"].append(st.tokens_per_second)
                     rows[n]["theirs"].append(t["tps"])
                     rows[n]["same"].append(ours_text in t["text"])  # (llama.cpp prints the prompt first)
@@ -161,6 +163,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--ns", default="1,2,3,4")
+    ap.add_argument(
+        "--flash-attn", choices=("on", "off"), default="on", help="both sides (on: llama.cpp's default on a CPU)"
+    )
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
