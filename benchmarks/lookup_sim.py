@@ -60,7 +60,7 @@ def measure_v(rt: Runtime, prompt: list[int], threads: int, rounds: int = 4, blo
     """v(d), d = 0..D_MAX: a decode of d+1 tokens at the prompt's end against one token's, each d
     timed in blocks of consecutive decodes (a changed batch shape rebuilds llama.cpp's graph: the
     first of a block is not timed), the order of d rotated each round; medians."""
-    fa = flash_attn_for(GenConfig(), rt.cpu_only)  # (as the runtime's own contexts: off on a CPU)
+    fa = flash_attn_for(GenConfig(), rt.fa_auto_off)  # (as the runtime's own contexts: off on a CPU)
     ctx = lx.create_context(rt.model, n_ctx=2048, n_batch=512, n_threads=threads, kv=lx.KvOptions(flash_attn=fa))
     try:
         b = lx.Batch(512)

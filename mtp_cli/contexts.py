@@ -16,23 +16,27 @@ from mtp_cli.step_costs import StepCosts
 log = logging.getLogger(__name__)
 
 UNQUANTIZED = ("f32", "f16", "bf16")  # KV cell types llama.cpp's attention without flash attention reads
+# archs whose graph changes without flash attention (minimax-m3: its sparse attention falls back to dense)
+NEEDS_FLASH_ATTN = ("minimax-m3",)
 
 
-def cpu_only(cfg: LoadConfig) -> bool:
-    """Whether a model loaded so keeps its layers, and so its KV cache, on this machine's CPU."""
+def fa_auto_off(cfg: LoadConfig, arch: str) -> bool:
+    """Whether `-fa auto` means off for a model loaded so: its layers, and so its KV cache, stay on
+    this machine's CPU, and its graph does not need flash attention."""
     offloads = cfg.n_gpu_layers != 0 and cfg.placement.device != ("none",)
-    return not (offloads and lx.supports_gpu_offload())
+    return not (offloads and lx.supports_gpu_offload()) and arch not in NEEDS_FLASH_ATTN
 
 
-def flash_attn_for(cfg: GenConfig, cpu_only: bool) -> Optional[bool]:
-    """The flash attention a context is created with: the config's when given; off where attention
-    runs on the CPU and the KV cells are not quantized; else llama.cpp's auto. Why: llama.cpp's auto
-    turns it on wherever the device has the op, and its CPU kernel reads the cache one query row at a
-    time (below 64 rows): 1.9x slower per token at 256 positions and 2.6x at 1024, batches of 4
-    rows 3.3x (llama-bench, the demo model, 2 threads; ARCHITECTURE §6)."""
+def flash_attn_for(cfg: GenConfig, auto_off: bool) -> Optional[bool]:
+    """The flash attention a context is created with: the config's when given; off where `auto_off`
+    (fa_auto_off) and the KV cells are not quantized; else llama.cpp's auto. Why: llama.cpp's auto
+    turns it on wherever the device has the op, and its CPU kernel reads the cache one query row at
+    a time (below 64 rows): a plain decode 1.7x slower at 256 positions and 2.2x at 1024, an 8-row
+    verify batch 2.0x and 4.2x (benchmarks/attention_bench.py, the demo model, 2 threads;
+    ARCHITECTURE §6)."""
     if cfg.flash_attn is not None:
         return cfg.flash_attn
-    if cpu_only and cfg.cache_type_k in UNQUANTIZED and cfg.cache_type_v in UNQUANTIZED:
+    if auto_off and cfg.cache_type_k in UNQUANTIZED and cfg.cache_type_v in UNQUANTIZED:
         return False
     return None
 
@@ -51,7 +55,7 @@ class ContextSettings:
 
     @classmethod
     def of(
-        cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1, cpu_only: bool = False
+        cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1, fa_off: bool = False
     ) -> ContextSettings:
         n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
         n_ubatch = cfg.n_ubatch
@@ -59,7 +63,7 @@ class ContextSettings:
             # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
             log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
             n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, cpu_only))
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, fa_off))
         n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2, n_seq * (cfg.draft_n_max + 1))  # (every slot's step fits)
         return cls(n_ctx, n_batch, cfg.n_threads, n_rs, kv, n_seq)

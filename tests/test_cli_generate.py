@@ -354,10 +354,10 @@ def test_batch_size_and_flash_attention_as_llama_cpp_spells_them(tiny, monkeypat
             "-b 2": (False, 34),  # (n_batch: at least N+2; the default lookup drafts up to 32; auto: off on a CPU)
         }[" ".join(flags)]
         assert doc["text"] == plain["text"]
-    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
+    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "on")  # (not off: that is what auto gives on a CPU)
     made.clear()
     gen_json("-m", str(tiny["full"]), "-p", "hello", "-n", "2")
-    assert made[0]["kv"].flash_attn is False
+    assert made[0]["kv"].flash_attn is True
 
 
 def test_tune_and_bench_without_a_model_run_the_demo_as_generate_does(tiny, monkeypatch):

@@ -115,7 +115,7 @@ def test_bench_and_tune_take_the_assistant(pair, tmp_path):
     assert t.cost is not None and len(t.cost.verify) == 3 and t.best is not None
     # the profile is the pair's: another assistant for the same target has none
     other = write_gemma4_pair(tmp_path / "other", seed=1).assistant
-    key = lambda d: profiles.identify(open_gguf(pair.target), open_gguf(d), n_threads=1).key  # noqa: E731
+    key = lambda d: profiles.identify(open_gguf(pair.target), open_gguf(d), n_threads=1, flash_attn=False).key  # noqa: E731  (off: -fa auto on a CPU)
     assert profiles.find(key(pair.assistant), tmp_path) is not None
     assert profiles.find(key(other), tmp_path) is None
 

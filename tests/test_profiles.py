@@ -86,6 +86,9 @@ def test_profile_key_depends_on_machine_and_sidecar(models):
     # where the weights go: RPC servers, the head's side of the link (a default placement keys as none)
     rpc = Placement(rpc=("10.0.0.2:50052",))
     assert profiles.identify(full, n_threads=1, placement=Placement()).key == a.key and "placement" not in a.machine
+    # the flash attention the contexts get changes every cost on a CPU: a profile tuned one way is not the other's
+    on, off = (profiles.identify(full, n_threads=1, flash_attn=f).key for f in (True, False))
+    assert len({a.key, on, off}) == 3
     assert (
         len(
             {

@@ -366,24 +366,32 @@ def test_flash_attention_is_off_where_attention_runs_on_the_cpu_unless_asked():
     from mtp_cli.config import GenConfig
     from mtp_cli.contexts import flash_attn_for
 
-    assert flash_attn_for(GenConfig(), cpu_only=True) is False
-    assert flash_attn_for(GenConfig(cache_type_k="bf16", cache_type_v="f32"), cpu_only=True) is False
-    assert flash_attn_for(GenConfig(), cpu_only=False) is None
-    assert flash_attn_for(GenConfig(flash_attn=True), cpu_only=True) is True
-    assert flash_attn_for(GenConfig(flash_attn=False), cpu_only=False) is False
+    assert flash_attn_for(GenConfig(), auto_off=True) is False
+    assert flash_attn_for(GenConfig(cache_type_k="bf16", cache_type_v="f32"), auto_off=True) is False
+    assert flash_attn_for(GenConfig(), auto_off=False) is None
+    assert flash_attn_for(GenConfig(flash_attn=True), auto_off=True) is True
+    assert flash_attn_for(GenConfig(flash_attn=False), auto_off=False) is False
     for quantized in (dict(cache_type_k="q8_0"), dict(cache_type_v="q4_0")):
-        assert flash_attn_for(GenConfig(**quantized), cpu_only=True) is None
+        assert flash_attn_for(GenConfig(**quantized), auto_off=True) is None
+    from mtp_cli.config import LoadConfig
+    from mtp_cli.contexts import fa_auto_off
+
+    assert fa_auto_off(LoadConfig(), "llama")  # (this build offloads nothing: the tests' CPU)
+    assert not fa_auto_off(LoadConfig(), "minimax-m3")  # (its sparse attention runs dense without it)
 
 
 def test_a_cpu_runtime_creates_its_target_and_head_contexts_without_flash_attention(models, monkeypatch):
-    """Every context of a generation gets the same resolved setting (the head's reads the same
-    cells' layout as the target's); a placement that offloads layers keeps llama.cpp's auto."""
+    """Every context of a generation gets the same resolved setting (Gemma 4's assistant reads the
+    target's cells: it must match; glm4moe's head keeps its own); a placement that offloads layers
+    keeps llama.cpp's auto, `-ngl 0` and `-dev none` do not."""
+    from mtp_cli.config import Placement
+
     s = models("glm4moe")
     made: list[dict] = []
     real = lx.create_context
     monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append(k) or real(*a, **k))
     with Runtime.load(s["full"], spec_type="mtp") as rt:
-        assert rt.cpu_only
+        assert rt.fa_auto_off
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         assert run(rt, prompt, greedy(spec_type="mtp", draft_n_max=3)) == ref
@@ -392,7 +400,9 @@ def test_a_cpu_runtime_creates_its_target_and_head_contexts_without_flash_attent
         made.clear()
         run(rt, prompt, greedy(flash_attn=True, spec_type="mtp", draft_n_max=3))
         assert made and all(k["kv"].flash_attn is True for k in made)
-    monkeypatch.setattr(lx, "supports_gpu_offload", lambda: True)
-    for n_gpu_layers, cpu_only in ((-1, False), (0, True)):
-        with Runtime.load(s["full"], spec_type="none", n_gpu_layers=n_gpu_layers) as rt:
-            assert rt.cpu_only is cpu_only
+    monkeypatch.setattr(lx, "supports_gpu_offload", lambda: True)  # (as a GPU build or --rpc)
+    for fields, off in ((dict(), False), (dict(n_gpu_layers=0), True), (dict(device=("none",)), True)):
+        placement = Placement(device=fields.pop("device")) if "device" in fields else Placement()
+        with Runtime.load(s["full"], spec_type="none", placement=placement, **fields) as rt:
+            assert rt.fa_auto_off is off, fields
+            run(rt, rt.tokenize(PROMPT), greedy(n_predict=2))

@@ -19,6 +19,7 @@ from typing import Optional
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import drafters
 from mtp_cli.config import GenConfig
+from mtp_cli.contexts import flash_attn_for
 from mtp_cli.drafters import Drafter, members
 from mtp_cli.errors import ConfigError
 from mtp_cli.model_files import open_model_file
@@ -92,12 +93,12 @@ class AutoDraft:
         self.rt = rt
         self.config_dir = config_dir
         self.controllers: dict[str, AdaptiveController] = {}
-        self._keys: dict[Optional[int], str] = {}
+        self._keys: dict[tuple[Optional[int], Optional[bool]], str] = {}
 
     def profile_key(self, cfg: GenConfig) -> str:
         """The key of this model's tuned profile for cfg's threads, and the runtime's -ngl and where it
         put the weights (RPC servers, the head's side...)."""
-        k = cfg.n_threads
+        k = (cfg.n_threads, flash_attn_for(cfg, self.rt.fa_auto_off))
         if k not in self._keys:
             self._keys[k] = profiles.identify(
                 self.rt.file,
@@ -105,6 +106,7 @@ class AutoDraft:
                 n_threads=cfg.n_threads,
                 n_gpu_layers=self.rt.config.n_gpu_layers,
                 placement=self.rt.placement,
+                flash_attn=k[1],
             ).key
         return self._keys[k]
 

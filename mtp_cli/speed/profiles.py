@@ -109,10 +109,14 @@ def placement_identity(placement: Placement) -> dict[str, Any]:
 
 
 def machine_identity(
-    n_threads: Optional[int] = None, n_gpu_layers: int = -1, placement: Placement = Placement()
+    n_threads: Optional[int] = None,
+    n_gpu_layers: int = -1,
+    placement: Placement = Placement(),
+    flash_attn: Optional[bool] = None,
 ) -> dict[str, Any]:
-    """What a profile's speeds depend on beyond the model: this machine, its settings, and where the
-    weights go (the RPC servers the model is spread over, the head's side of the link)."""
+    """What a profile's speeds depend on beyond the model: this machine, its settings, where the
+    weights go (the RPC servers the model is spread over, the head's side of the link) and the
+    flash attention the contexts get (None: llama.cpp's auto; on a CPU it changes every cost)."""
     try:
         llama_version = version("llama-cpp-python")
     except PackageNotFoundError:  # pragma: no cover
@@ -127,6 +131,7 @@ def machine_identity(
         "system_info": lx.system_info(),
         "llama_cpp_python": llama_version,
         **({"placement": where} if (where := placement_identity(placement)) else {}),
+        **({"flash_attn": flash_attn} if flash_attn is not None else {}),
     }
 
 
@@ -244,11 +249,12 @@ def identify(
     n_threads: Optional[int] = None,
     n_gpu_layers: int = -1,
     placement: Placement = Placement(),
+    flash_attn: Optional[bool] = None,
 ) -> Identity:
     return Identity(
         model_identity(model),
         model_identity(draft) if draft is not None else None,
-        machine_identity(n_threads, n_gpu_layers, placement),
+        machine_identity(n_threads, n_gpu_layers, placement, flash_attn),
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtp_cli.config import GenConfig, LoadConfig
+from mtp_cli.contexts import flash_attn_for
 from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
@@ -174,6 +175,7 @@ class _Tuner:
             n_threads=base.n_threads,
             n_gpu_layers=rt.config.n_gpu_layers,
             placement=rt.placement,
+            flash_attn=flash_attn_for(base, rt.fa_auto_off),
         )
         res.candidates = [self.off]
 
