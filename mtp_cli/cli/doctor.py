@@ -37,6 +37,12 @@ def doctor(rpc: str | None) -> None:
     out.print(f"CPU features: {features}", highlight=False)
     found = [f"{d.name} ({d.description})" for d in lx.devices()]
     out.print(f"devices: {', '.join(found) or 'none found'}", highlight=False)
+    fa = (
+        "llama.cpp's choice where layers go to a device (off with -ngl 0 or -dev none)"
+        if lx.supports_gpu_offload()
+        else "off here (attention runs on the CPU, where llama.cpp's kernel is slower past ~64 positions)"
+    )
+    out.print(f"flash attention: -fa auto is {fa}; -fa on turns it on", highlight=False)
     click.echo(f"llama.cpp system: {lx.system_info()}")
 
 
