@@ -92,7 +92,8 @@ class Contexts:
             n_seq_max=key.n_seq,
             kv=key.kv,
         )
-        fa = {True: "on", False: "off"}.get(key.kv.flash_attn, "llama.cpp's auto")  # type: ignore[arg-type]
+        on = key.kv.flash_attn
+        fa = "llama.cpp's auto" if on is None else "on" if on else "off"
         log.info("target context: %d positions, %d sequence(s), flash attention %s", key.n_ctx, key.n_seq, fa)
         return cls(key, tgt, min(key.n_ctx // key.n_seq, lx.n_ctx_seq(tgt)))
 
