@@ -233,10 +233,8 @@ def test_the_chat_page_streams_an_answer_with_its_drafted_tokens_marked(native, 
 def test_a_chat_template_given_is_read_instead_of_the_files(tiny, tmp_path):
     """llama-server's --chat-template / --chat-template-file: the prompt, /apply-template and the
     model's tool format follow the template given; a name not known is one line, exit 2."""
-    from click.testing import CliRunner
 
     from mtp_cli.chat import CHATML
-    from mtp_cli.cli import main
     from mtp_cli.config import LoadConfig
 
     load = LoadConfig(spec_type="mtp", chat_template=CHATML)
@@ -250,31 +248,20 @@ def test_a_chat_template_given_is_read_instead_of_the_files(tiny, tmp_path):
     finally:
         s.close()
         engine.close()
-    r = CliRunner().invoke(
-        main, ["generate", "-m", str(tiny["full"]), "--chat", "-p", "hi", "--chat-template", "nonesuch"]
-    )
+    r = chat_generate(tiny, "--chat-template", "nonesuch")
     assert r.exit_code == 2 and "nonesuch" in r.output and "Traceback" not in r.output
     (tmp_path / "t.jinja").write_text(CHATML)
-    r = CliRunner().invoke(
-        main,
-        [
-            "generate",
-            "-m",
-            str(tiny["full"]),
-            "--chat",
-            "-p",
-            "hi",
-            "-n",
-            "2",
-            "--temp",
-            "0",
-            "--chat-template-file",
-            str(tmp_path / "t.jinja"),
-            "-c",
-            "256",
-        ],
-    )
+    r = chat_generate(tiny, "-n", "2", "--temp", "0", "--chat-template-file", str(tmp_path / "t.jinja"), "-c", "256")
     assert r.exit_code == 0, r.output
+
+
+def chat_generate(tiny, *flags: str):
+    """`mtp-cli generate --chat -p hi` on the tiny model with these flags (click's result)."""
+    from click.testing import CliRunner
+
+    from mtp_cli.cli import main
+
+    return CliRunner().invoke(main, ["generate", "-m", str(tiny["full"]), "--chat", "-p", "hi", *flags])
 
 
 def test_review_fixes_bias_surrogates_one_prompt_auth_counts_and_templates(native, tiny):
@@ -345,23 +332,7 @@ def test_review_fixes_bias_surrogates_one_prompt_auth_counts_and_templates(nativ
     assert "llamacpp:n_busy_slots_per_decode 2" in m.text(
         0, 0, "fixed", "mtp"
     ) and "llamacpp:n_decode_total 2" in m.text(0, 0, "fixed", "mtp")
-    from click.testing import CliRunner
-
-    from mtp_cli.cli import main
-
-    r = CliRunner().invoke(
-        main,
-        [
-            "generate",
-            "-m",
-            str(tiny["full"]),
-            "--chat",
-            "-p",
-            "hi",
-            "--chat-template",
-            "{% for m in messages %}{{ m.nope() }}{% endfor %}",
-        ],
-    )
+    r = chat_generate(tiny, "--chat-template", "{% for m in messages %}{{ m.nope() }}{% endfor %}")
     assert r.exit_code == 2 and "--chat-template does not render" in r.output
 
 
