@@ -195,3 +195,45 @@ def test_collect_stops_at_its_deadline_and_reports_its_budget(trained, tmp_path)
         deadline=time.monotonic() - 1,
     )
     assert st.n_rows == 0 and seen and seen[0].budget_s < 0
+
+
+def test_answers_under_penalties_are_penalized_decodings_with_the_trunks_own_top_k(trained):
+    """An answer written under a repeat penalty is what plain decoding with that flag writes, its stored
+    top-k the trunk's unedited ones (the head drafts from those before the same edits steer its pick);
+    collection spreads its prompts over the settings given, by key."""
+    from mtp_cli.config import GenConfig
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.sampling import RowEdits
+    from mtp_cli.train.answers import BatchedAnswerer
+    from mtp_cli.train.collect import TrunkTeacher, _Collection
+    from mtp_cli.train.data import CollectConfig
+
+    rt = Runtime.load(trained["job"].work_dir / "adopted.gguf", spec_type="none")
+    prompts = [[1, *np.random.default_rng(i).integers(3, 300, 4 + i).tolist()] for i in range(4)]
+    pen = GenConfig(n_ctx=64, n_threads=1, temp=0.0, spec_type="none", n_predict=30, repeat_penalty=2.0)
+    got: dict[str, dict] = {}
+    ans = BatchedAnswerer(rt.model, max_len=44, top_k=8, n_seq=3, n_threads=1, edits_for=lambda key: RowEdits(pen, ()))
+    teacher = TrunkTeacher(rt.model, max_len=44, top_k=8, n_threads=1)
+    try:
+        ans.run([(str(i), p, 30) for i, p in enumerate(prompts)], lambda k, seq: got.__setitem__(k, seq))
+        differs = 0
+        for i, p in enumerate(prompts):
+            seq = got[str(i)]
+            alone = [ev.token for ev in rt.generate(p, pen)]
+            plain = [ev.token for ev in rt.generate(p, GenConfig(**{**pen.__dict__, "repeat_penalty": 1.0}))]
+            assert seq["tokens"].tolist() == p + alone
+            differs += alone != plain
+            _, ids, _ = teacher.run(seq["tokens"].tolist())
+            assert np.array_equal(ids[:, 0], seq["topk_id"][:, 0])  # (the raw top-1, not the penalized pick)
+        assert differs  # (the penalty changed some answer: the test sees it)
+    finally:
+        ans.close()
+        teacher.close()
+        rt.close()
+    col = _Collection.__new__(_Collection)
+    col.cfg = CollectConfig(penalties=((1.0, 0.0, 0.0), (1.1, 0.0, 0.0), (1.0, 0.5, 0.5)))
+    chosen = [col.edits_for(f"prompt:{i}") for i in range(60)]
+    assert sum(e is None for e in chosen) in range(10, 31)  # (the neutral setting: plain greedy)
+    assert {(round(float(e.penalty), 3), float(e.freq)) for e in chosen if e is not None} == {(1.1, 0.0), (1.0, 0.5)}
+    col.cfg = CollectConfig()
+    assert col.edits_for("prompt:0") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,15 @@ from mtp_cli.cli.app import main
     "--prompts",
     type=opt.PATH,
     help="Prompts, one per line, answered greedily by the trunk (chat template applied when the model has one).",
+)
+@click.option(
+    "--answer-penalty",
+    "penalties",
+    multiple=True,
+    callback=lambda ctx, param, value: tuple(_penalty(v) for v in value),
+    metavar="REPEAT[,FREQUENCY[,PRESENCE]]",
+    help="Write the answers under these penalties (repeatable: each prompt gets one of them), so the head "
+    "learns the text penalized decoding writes; e.g. 1 and 1.1 and 1,0.5,0.5 [default: greedy, no penalty].",
 )
 @click.option(
     "--minutes",
@@ -99,7 +109,15 @@ from mtp_cli.cli.app import main
     "a lower --lr anneals a trained head.",
 )
 @llama_flags.repack  # (AMX never runs beside torch: --repack keeps the rest)
-def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, repack: bool | None, **kw: Any) -> None:
+def train(
+    model: Path,
+    n_threads: int | None,
+    own_output: str,
+    sidecar: bool,
+    repack: bool | None,
+    penalties: tuple[tuple[float, float, float], ...],
+    **kw: Any,
+) -> None:
     """Train an MTP head for MODEL's frozen trunk and write OUT (needs: pip install 'mtp-cli[train]').
 
     MODEL: a glm4moe trunk (adopted or native, with or without a head slot), or a llama / qwen2 /
@@ -109,6 +127,7 @@ def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, re
     while training."""
     from mtp_cli import cpu_check
     from mtp_cli.llama_ext import default_threads
+    from mtp_cli.train.data import CollectConfig
     from mtp_cli.train.pipeline import TrainJob, run_train
 
     if repack is not None:
@@ -118,6 +137,7 @@ def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, re
         model=model,
         own_output=None if own_output == "none" else own_output,
         sidecar=sidecar,
+        collect=CollectConfig(penalties=penalties),
         n_threads=n_threads if n_threads is not None else default_threads(),
         **kw,
     )
@@ -129,3 +149,16 @@ def train(model: Path, n_threads: int | None, own_output: str, sidecar: bool, re
         render.err.print(f"interrupted: what was collected and trained is kept in {work}; the same command resumes it")
         sys.exit(130)
     render.train_summary(res, sidecar)
+
+
+def _penalty(text: str) -> tuple[float, float, float]:
+    """REPEAT[,FREQUENCY[,PRESENCE]] as (repeat, frequency, presence); BadParameter names the value."""
+    try:
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    ok = 1 <= len(parts) <= 3 and all(math.isfinite(x) for x in parts) and parts[0] > 0
+    if not ok:
+        raise click.BadParameter(f"{text!r}: REPEAT[,FREQUENCY[,PRESENCE]], numbers, REPEAT above 0")
+    r, f, p = (*parts, 0.0, 0.0)[:3]
+    return r, f, p

@@ -15,16 +15,19 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from mtp_cli import llama_ext as lx
+from mtp_cli.sampling import RowEdits
 from mtp_cli.train.data import topk_logprobs
 
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # h, top-k ids, top-k log-probs, logits (a view)
 
-def decode_rows(
-    ctx: lx.Context, batch: lx.Batch, n_rows: int, n_embd: int, n_vocab: int, top_k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode a batch whose every row has logits: (h rows, top-k ids, top-k log-probs), batch order."""
+
+def decode_rows(ctx: lx.Context, batch: lx.Batch, n_rows: int, n_embd: int, n_vocab: int, top_k: int) -> Rows:
+    """Decode a batch whose every row has logits: (h rows, top-k ids, top-k log-probs, the logits
+    rows: a view valid until the next decode), batch order."""
     lx.decode(ctx, batch)
     h = lx.get_embeddings_nextn(ctx, n_rows, n_embd=n_embd)
-    return (h, *topk_logprobs(lx.logits_rows(ctx, n_rows, n_vocab), top_k))
+    logits = lx.logits_rows(ctx, n_rows, n_vocab)
+    return (h, *topk_logprobs(logits, top_k), logits)
 
 
 class BatchedAnswerer:
@@ -42,11 +45,17 @@ class BatchedAnswerer:
         n_threads: int | None,
         temp: float = 0.0,
         seed: int = 0,
+        edits_for: Callable[[str], RowEdits | None] | None = None,
     ):
         """`temp` > 0: sample each next token from the top-k at this temperature (a generator per
-        sequence, seeded from `seed` and the job's key) instead of taking the greedy one."""
+        sequence, seeded from `seed` and the job's key) instead of taking the greedy one.
+        `edits_for(key)`: the penalties a job's answer is written under (greedy after them, as
+        plain decoding with those flags writes it); the stored top-k stay the trunk's own, which is
+        what a head drafts from before the same edits steer its pick."""
+        if temp > 0.0 and edits_for is not None:
+            raise ValueError("an answer is sampled or written under penalties, not both")
         self.model, self.max_len, self.top_k, self.n_seq = model, max_len, top_k, n_seq
-        self.temp, self.seed = float(temp), int(seed)
+        self.temp, self.seed, self.edits_for = float(temp), int(seed), edits_for
         self.ctx = lx.create_context(
             model, n_ctx=max_len * n_seq, n_batch=max(max_len, n_seq), n_seq_max=n_seq, n_threads=n_threads
         )
@@ -56,7 +65,7 @@ class BatchedAnswerer:
         self.t = 0.0
         self.n_gen = 0
 
-    def _decode(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _decode(self, n_rows: int) -> Rows:
         return decode_rows(self.ctx, self.batch, n_rows, self.E, self.V, self.top_k)
 
     def run(
@@ -91,13 +100,13 @@ class BatchedAnswerer:
                 sl = slots[s]
                 assert sl is not None
                 b.add(sl["next"], len(sl["tokens"]), seq_id=s, logits=True)
-            h, ids, lps = self._decode(len(live))
+            h, ids, lps, logits = self._decode(len(live))
             self.t += time.perf_counter() - t0
             self.n_gen += len(live)
             for r, s in enumerate(live):
                 sl = slots[s]
                 assert sl is not None
-                self._append(sl, sl["next"], h[r : r + 1], ids[r : r + 1], lps[r : r + 1])
+                self._append(sl, sl["next"], h[r : r + 1], ids[r : r + 1], lps[r : r + 1], logits[r])
                 if self._finished(sl):
                     self._finish(s, sl, on_done)
                     slots[s] = None
@@ -112,7 +121,7 @@ class BatchedAnswerer:
         b.clear()
         for i, t in enumerate(ptoks):
             b.add(int(t), i, seq_id=s, logits=True)
-        h, ids, lps = self._decode(len(ptoks))
+        h, ids, lps, logits = self._decode(len(ptoks))
         self.t += time.perf_counter() - t0
         sl = {
             "key": key,
@@ -122,23 +131,32 @@ class BatchedAnswerer:
             "lps": [],
             "n_prompt": len(ptoks),
             "limit": min(self.max_len, len(ptoks) + max(0, n_new)),
+            "edits": self.edits_for(key) if self.edits_for is not None else None,
         }
         if self.temp > 0.0:
             sl["rng"] = np.random.default_rng([self.seed, int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)])
-        self._append(sl, ptoks, h, ids, lps)
+        self._append(sl, ptoks, h, ids, lps, logits[-1])
         if self._finished(sl):
             self._finish(s, sl, on_done)
             return None
         return sl
 
-    def _append(self, sl: dict, toks: int | list[int], h: np.ndarray, ids: np.ndarray, lps: np.ndarray) -> None:
+    def _append(
+        self, sl: dict, toks: int | list[int], h: np.ndarray, ids: np.ndarray, lps: np.ndarray, last: np.ndarray
+    ) -> None:
+        """Store rows; `last`: the logits row after the last of them (the next token's)."""
         sl["tokens"].extend([toks] if isinstance(toks, int) else toks)
         sl["h"].append(h.astype(np.float16))
         sl["ids"].append(ids)
         sl["lps"].append(lps)
-        sl["next"] = self._next(sl, ids[-1], lps[-1])
+        sl["next"] = self._next(sl, ids[-1], lps[-1], last)
 
-    def _next(self, sl: dict, ids: np.ndarray, lps: np.ndarray) -> int:
+    def _next(self, sl: dict, ids: np.ndarray, lps: np.ndarray, last: np.ndarray) -> int:
+        edits: RowEdits | None = sl["edits"]
+        if edits is not None and edits.active:
+            row = np.array(last, dtype=np.float32)  # (a copy: the view is llama.cpp's buffer)
+            edits.edit(row, sl["tokens"][-edits.last_n :] if edits.last_n > 0 else ())
+            return int(row.argmax())
         if self.temp <= 0.0:
             return int(ids[0])  # greedy: the trunk's top-1 after the last row
         z = lps.astype(np.float64) / self.temp

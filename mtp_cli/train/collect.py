@@ -7,6 +7,7 @@ answerer per thread, run by run_answerers). Every decoded row yields its h row a
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -17,8 +18,10 @@ import numpy as np
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.chat import chat_prompt
+from mtp_cli.config import GenConfig
 from mtp_cli.errors import ChatTemplateError
 from mtp_cli.runtime import Runtime
+from mtp_cli.sampling import RowEdits
 from mtp_cli.train.answers import BatchedAnswerer, decode_rows, run_answerers
 from mtp_cli.train.data import CollectConfig, Store, is_heldout, source_key
 
@@ -65,7 +68,7 @@ class TrunkTeacher:
         b.clear()
         for i, t in enumerate(tokens):
             b.add(int(t), i, logits=True)
-        h, ids, lps = decode_rows(self.ctx, b, n, self.E, self.V, self.top_k)
+        h, ids, lps, _ = decode_rows(self.ctx, b, n, self.E, self.V, self.top_k)
         self.t += time.perf_counter() - t0
         self.n += n
         return h, ids, lps
@@ -212,10 +215,26 @@ class _Collection:
         cfg = self.cfg
         if prompts:
             self.answerers = [
-                BatchedAnswerer(self.rt.model, max_len=cfg.max_len, top_k=cfg.top_k, n_seq=cfg.n_seq, n_threads=1)
+                BatchedAnswerer(
+                    self.rt.model,
+                    max_len=cfg.max_len,
+                    top_k=cfg.top_k,
+                    n_seq=cfg.n_seq,
+                    n_threads=1,
+                    edits_for=self.edits_for,
+                )
                 for _ in range(max(1, cfg.n_threads or 1))
             ]
         run_answerers(self.answerers, self._jobs(prompts), self._finished, self.should_stop)
+
+    def edits_for(self, key: str) -> RowEdits | None:
+        """The penalties a prompt's answer is written under: one of cfg.penalties, by the prompt's key."""
+        ps = self.cfg.penalties
+        if not ps:
+            return None
+        r, f, p = ps[int(hashlib.sha1(f"{self.cfg.seed}:{key}".encode()).hexdigest()[:8], 16) % len(ps)]
+        edits = RowEdits(GenConfig(repeat_penalty=r, frequency_penalty=f, presence_penalty=p), ())
+        return edits if edits.active else None
 
     def close(self) -> None:
         for a in self.answerers:

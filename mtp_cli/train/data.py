@@ -54,6 +54,9 @@ class CollectConfig:
     n_threads: int | None = 1
     n_seq: int = 16  # prompts answered at once (one decode per step for all of them)
     chat: bool | None = None  # wrap prompts in the model's chat template; None: when it has one
+    # (repeat, frequency, presence) penalty settings answers are written under, one per prompt chosen by
+    # its key: a head learns the text penalized decoding writes; () or one neutral setting: plain greedy
+    penalties: tuple[tuple[float, float, float], ...] = ()
 
 
 def builtin_prompts() -> list[str]:
