@@ -10,13 +10,17 @@ from typing import Any, Optional, Union
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from gguf_tools.gguf_file import GGUFFile
+from mtp_cli import llama_ext as lx
 from mtp_cli.errors import ChatTemplateError
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-BUILTIN = {"chatml": CHATML}  # llama-server's --chat-template names known here
+BUILTIN = {"chatml": CHATML}  # --chat-template names given as Jinja here
+# a --chat-template value naming one of llama.cpp's own templates (llama-server's names: llama3,
+# command-r, mistral-v7, gemma...), rendered by llama.cpp itself, as llama-server renders it without --jinja
+NATIVE = "llama.cpp:"
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,14 @@ Source = Union[GGUFFile, Templated]  # where a chat template is read from
 
 
 def template_text(value: str) -> str:
-    """A --chat-template value: Jinja text (checked), or a built-in template's name."""
+    """A --chat-template value: Jinja text (checked), or a built-in template's name (llama.cpp's)."""
     if value in BUILTIN:
         return BUILTIN[value]
+    if value in lx.chat_builtin_templates():
+        return NATIVE + value
     if "{%" not in value and "{{" not in value:
-        raise ChatTemplateError(
-            f"`chat_template`: {value!r} is neither a Jinja template nor one of {', '.join(BUILTIN)}"
-        )
+        names = ", ".join(sorted({*BUILTIN, *lx.chat_builtin_templates()}))
+        raise ChatTemplateError(f"`chat_template`: {value!r} is neither a Jinja template nor one of {names}")
     return checked_template(value)
 
 
@@ -52,6 +57,10 @@ def checked_template(text: str) -> str:
     """A chat template given by the user, if it renders one user message (else one line naming it)."""
     if not text.strip():
         raise ChatTemplateError("`chat_template` is empty")
+    if text.startswith(NATIVE):
+        if text[len(NATIVE) :] not in lx.chat_builtin_templates():
+            raise ChatTemplateError(f"`chat_template`: llama.cpp has no template {text[len(NATIVE) :]!r}")
+        return text
     try:
         Jinja2ChatFormatter(text, eos_token="</s>", bos_token="<s>", add_generation_prompt=True)(
             messages=[{"role": "user", "content": "x"}]
@@ -90,11 +99,27 @@ def _formatted(
     gf: Source, messages: list[Any], bos: str, eos: str, add_generation_prompt: bool, extra: Optional[dict[str, Any]]
 ) -> str:
     template = template_of(gf)
+    if template.startswith(NATIVE):
+        return _native(template[len(NATIVE) :], messages, add_generation_prompt)
     try:
         fmt = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
         return fmt(messages=messages, **(extra or {})).prompt
     except Exception as e:  # a template is code from the file: report its failure in one line
         raise ChatTemplateError(f"{gf.path}: the chat template failed to render: {e}") from None
+
+
+def _native(name: str, messages: list[Any], add_generation_prompt: bool) -> str:
+    """Messages through llama.cpp's own template `name`: roles and texts only (a text in parts is
+    joined as llama-server joins it; tools and the other variables are Jinja's). NULs (this module's
+    markers) travel as U+E000, outside C strings."""
+    pairs = [(str(m.get("role", "")), _text(m.get("content")).replace("\x00", "\ue000")) for m in messages]
+    return lx.chat_apply_template(name, pairs, add_generation_prompt).replace("\ue000", "\x00")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
 
 
 def chat_prompt(gf: Source, user: str, bos: str, eos: str, system: str | None = None) -> str:

@@ -139,7 +139,33 @@ def test_cors_preflight_and_origin(served):
     r = c.getresponse()
     r.read()
     assert r.status == 200 and r.getheader("access-control-allow-origin") in ("*", "http://example.org")
+    names = [k for k, _ in r.getheaders()]  # (as written: llama-server's clients may look them up in a dict)
+    assert "Access-Control-Allow-Origin" in names and "Content-Type" in names, names
     c.close()
+
+
+def test_a_preflight_from_an_origin_not_allowed_is_answered_without_allowing_it():
+    """--cors-origins localhost: a localhost origin is reflected; another gets llama-server's answer,
+    200 without Access-Control-Allow-Origin (Starlette's own is a 400)."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from mtp_cli.serve.middleware import Cors, HeaderCase
+
+    app = Starlette(routes=[Route("/x", lambda r: PlainTextResponse("ok"), methods=["POST"])])
+    app.add_middleware(Cors, cors_origins="localhost")
+    app.add_middleware(HeaderCase)
+    pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+    with TestClient(app) as c:
+        ok = c.options("/x", headers={**pre, "Origin": "http://127.0.0.1:3000"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://127.0.0.1:3000"
+        assert "authorization" in ok.headers["access-control-allow-headers"].lower()
+        assert b"Access-Control-Allow-Origin" in [k for k, _ in ok.headers.raw]
+        for origin in ("http://evil.com", "http://localhost.evil.com"):
+            no = c.options("/x", headers={**pre, "Origin": origin})
+            assert no.status_code == 200 and "access-control-allow-origin" not in no.headers
 
 
 def test_a_stopping_server_ends_the_running_stream_with_an_error_and_done(tmp_path):

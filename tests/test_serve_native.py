@@ -383,3 +383,50 @@ def test_prompt_progress_is_reported_chunk_by_chunk(tiny, n_parallel):
     finally:
         s.close()
         engine.close()
+
+
+def test_llama_cpps_own_templates_by_name(tiny):
+    """--chat-template NAME for llama.cpp's built-in templates (llama-server's names: llama3,
+    command-r...): rendered by llama.cpp as llama-server renders them, a held conversation continued
+    token for token, an assistant prefill continued, a name not known refused in one line."""
+    from gguf_tools.gguf_file import open_gguf
+    from mtp_cli.chat import NATIVE, Templated, continuation, render, template_text
+    from mtp_cli.config import LoadConfig
+    from mtp_cli.errors import ChatTemplateError
+
+    gf = open_gguf(tiny["full"])
+    llama3 = Templated(gf, template_text("llama3"))
+    book = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    want = (
+        "<|start_header_id|>system<|end_header_id|>\n\nBook<|eot_id|><|start_header_id|>user<|end_header_id|>"
+        "\n\nWhat is the best book<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert render(llama3, book, "<s>", "</s>") == want  # (llama.cpp's own test expects this prompt)
+    answered = [*book, {"role": "assistant", "content": "Dune"}]
+    more = [{"role": "user", "content": "Why?"}]
+    whole = render(llama3, [*answered, *more], "<s>", "</s>")
+    assert whole == want + "Dune" + continuation(llama3, answered, more, "<s>", "</s>")
+    assert render(llama3, answered, "<s>", "</s>") == want + "Dune"  # (a prefill is continued)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert "a\n\nb<|eot_id|>" in render(llama3, parts, "<s>", "</s>")
+    with pytest.raises(ChatTemplateError, match="nonesuch"):
+        template_text("nonesuch")
+
+    load = LoadConfig(spec_type="mtp", chat_template=template_text("command-r"))
+    assert load.chat_template == NATIVE + "command-r"
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1), load=load)
+    s = Served(engine.start())
+    try:
+        msgs = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]
+        _, applied = s.raw("POST", "/apply-template", json.dumps({"messages": msgs}))
+        assert applied["prompt"] == (
+            "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+            "<|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+        )
+        status, r = s.raw("POST", "/v1/chat/completions", json.dumps({"messages": msgs, "max_tokens": 4}))
+        assert status == 200 and r["usage"]["completion_tokens"] == 4
+    finally:
+        s.close()
+        engine.close()
+    r = chat_generate(tiny, "-n", "2", "--temp", "0", "--chat-template", "llama3", "-c", "256")
+    assert r.exit_code == 0, r.output

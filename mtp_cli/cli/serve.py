@@ -96,6 +96,16 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     envvar="LLAMA_ARG_WEBUI",
     help="The chat page at /.",
 )
+@click.option(
+    "--reasoning-format",
+    "reasoning_format",
+    type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"]),
+    default="auto",
+    show_default=True,
+    envvar="LLAMA_ARG_THINK",
+    help="A thinking model's <think>...</think> in chat answers: none (left in content), auto or deepseek "
+    "(in reasoning_content), deepseek-legacy (in both). A request's reasoning_format overrides it.",
+)
 @opt.seed
 @go.context
 @opt.threads
@@ -119,6 +129,7 @@ def serve(
     slots: bool,
     set_props: bool,
     webui: bool,
+    reasoning_format: str,
     **opts: Any,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,
@@ -141,7 +152,9 @@ def serve(
     if opts["seed"] < 0:  # (each sampled request without a seed draws its own, and says it)
         base = replace(base, seed=-1)
     load = load_of(opts, base.spec_type)[0]
-    engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None).start()
+    engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None)
+    engine.reasoning_format = reasoning_format
+    engine.start()
     _request_log()
     _say_serving(engine, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1", webui)
     config = uvicorn.Config(

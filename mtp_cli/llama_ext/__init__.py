@@ -67,6 +67,8 @@ from mtp_cli.llama_ext.staging import (
 from mtp_cli.llama_ext.vocab import (
     DEFAULT_SEED,
     PieceDecoder,
+    chat_apply_template,
+    chat_builtin_templates,
     detokenize,
     eog_checker,
     eog_tokens,
@@ -80,6 +82,8 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "chat_apply_template",
+    "chat_builtin_templates",
     "add_rpc_servers",
     "supports_rpc",
     "Grammar",

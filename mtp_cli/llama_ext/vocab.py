@@ -116,3 +116,28 @@ def detokenize(model: Model, tokens: list[int], *, remove_special: bool = True, 
     if n < 0:
         raise LlamaError("llama_detokenize failed")
     return buf.raw[:n].decode("utf-8", errors="replace")
+
+
+def chat_builtin_templates() -> list[str]:
+    """The names of llama.cpp's own chat templates (rendered by chat_apply_template, without Jinja)."""
+    n = int(_C.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * max(1, n))()
+    n = min(n, int(_C.llama_chat_builtin_templates(names, n)))
+    return [bytes(names[i] or b"").decode() for i in range(n)]
+
+
+def chat_apply_template(name: str, messages: list[tuple[str, str]], add_assistant: bool) -> str:
+    """Messages (role, content) through llama.cpp's built-in template `name`. Texts go as C strings:
+    the caller keeps NUL characters out of them."""
+    held = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in messages]  # (alive through the call)
+    chat = (_C.llama_chat_message * max(1, len(held)))(*[_C.llama_chat_message(r, c) for r, c in held])
+    cap = 2 * sum(len(r) + len(c) for r, c in held) + 256
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(cap)
+        n = int(_C.llama_chat_apply_template(name.encode(), chat, len(held), add_assistant, buf, cap))
+        if n < 0:
+            raise LlamaError(f"llama.cpp has no chat template {name!r}")
+        if n <= cap:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        cap = n
+    raise LlamaError(f"chat template {name!r}: the rendered prompt did not fit")

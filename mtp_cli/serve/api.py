@@ -16,13 +16,13 @@ from typing import Any, Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from mtp_cli.errors import MtpError
 from mtp_cli.serve import anthropic, embed, native, openai_out, responses, webui
 from mtp_cli.serve.engine import Engine, model_info
+from mtp_cli.serve.middleware import Cors, HeaderCase, JsonBodies
 from mtp_cli.serve.replies import anthropic_error, error
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest
 from mtp_cli.serve.runs import Run, choices
@@ -46,23 +46,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     return f"`{field}`: {e.get('msg')}", field
 
 
-LOCALHOST = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
-
-
-class JsonBodies:
-    """Read every POST body as JSON, whatever its Content-Type says (curl -d sends a form type;
-    llama-server reads JSON all the same). Pure ASGI: a client's disconnect still shows."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)
-
-
 @dataclass(frozen=True)
 class Surface:
     """What the server shows beside the APIs (llama-server's flags): /slots (--no-slots: off), /metrics
@@ -80,17 +63,9 @@ def create_app(
     """The app; `cors_origins` as llama-server's --cors-origins: "*", "localhost" (a localhost
     Origin only) or a comma-separated list."""
     app = FastAPI(title="mtp-cli", docs_url=None, redoc_url=None, openapi_url=None)
-    origins = [o.strip() for o in cors_origins.split(",") if o.strip()]
-    local = origins == ["localhost"]
     app.add_middleware(JsonBodies)
-    app.add_middleware(  # (pure ASGI, unlike a BaseHTTPMiddleware: a client's disconnect still shows)
-        CORSMiddleware,
-        allow_origins=[] if local else origins,
-        allow_origin_regex=LOCALHOST if local else None,
-        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["*"],
-        allow_credentials=True,  # (the allowed origin reflected, as llama-server does: no cookies are read)
-    )
+    app.add_middleware(Cors, cors_origins=cors_origins)
+    app.add_middleware(HeaderCase)  # (outermost: it sees every response, CORS preflights included)
     _errors(app)
 
     async def auth(request: Request) -> None:

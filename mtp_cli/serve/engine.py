@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from mtp_cli import drafters
+from mtp_cli import llama_ext as lx
 from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.embeddings import Embedder
@@ -43,6 +44,7 @@ from mtp_cli.serve.events import (
 )
 from mtp_cli.serve.jobs import Begun, Embedded, EmbedJob, Job, Request
 from mtp_cli.serve.metrics import Metrics
+from mtp_cli.serve.reasoning import opens_thinking
 from mtp_cli.serve.requests import ChatRequest, check
 from mtp_cli.serve.slots import SlotWorker
 from mtp_cli.serve.tools import FORMATS, ToolFormat, ToolPlan, format_of, generic_messages, plan
@@ -78,6 +80,7 @@ class Engine:
     def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None, embeddings: Optional[str] = None):
         self.rt, self.base = rt, base
         self.alias = alias or rt.model_path.name
+        self.reasoning_format = "auto"  # (--reasoning-format: a chat request's default)
         self.auto = AutoDraft(rt)
         self.startup: Resolved = self.auto.resolve(drafters.validated(base))  # a bad setting fails before serving
         self.n_ctx = rt.contexts(self.startup.config)[0].n_ctx
@@ -242,9 +245,14 @@ class Engine:
         st = self.begin(job, self.session)
         report = reporter(job) if st.req.return_progress else None
         gen = self.session.generate(st.prompt, st.res.config, st.res.policy, report)
-        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached))
+        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached, self.opens_thinking(st.prompt)))
         out = stream(gen, job, st.req.stop_strings(), self._prob, st.held, bool(st.req.timings_per_token))
         self.finish(st, out, gen.stats)
+
+    def opens_thinking(self, prompt: Prompt) -> bool:
+        """The prompt ends inside a thinking block its template opened: the answer begins with reasoning."""
+        tail = lx.detokenize(self.rt.model, prompt.tokens[-16:], remove_special=False, unparse_special=True)
+        return opens_thinking(tail)
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:
         """A job checked, its prompt (from `session`: what its memory holds) and its settings."""

@@ -21,6 +21,7 @@ FINISH = {"eog": "stop", "n_predict": "length", "ctx_full": "length"}  # GenStat
 class Started:
     n_prompt: int
     n_cached: int
+    thinking: bool = False  # (the prompt ends in an open thinking block: the answer begins inside it)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from mtp_cli import __version__
 from mtp_cli.serve.engine import now
 from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
+from mtp_cli.serve.reasoning import ThinkSplit, split
 from mtp_cli.serve.replies import GONE, error, failed
 from mtp_cli.serve.runs import Run
 from mtp_cli.serve.tools import Call
@@ -31,10 +32,13 @@ async def respond(run: Run, obj: str, stream: bool, include_usage: bool) -> Any:
     head = {"id": ("chatcmpl-" if obj == "chat.completion" else "cmpl-") + run.id, "created": now()}
     head["model"] = run.engine.alias
     head["system_fingerprint"] = FINGERPRINT
+    asked = run.jobs[0].request
+    think = getattr(asked, "reasoning_format", None) or run.engine.reasoning_format
+    think = think if obj == "chat.completion" else "none"  # (a text completion is the text as written)
     if stream:
         run.streaming()
         return StreamingResponse(
-            _sse(run, head, obj, first, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+            _sse(run, head, obj, first, include_usage, think), media_type="text/event-stream", headers=SSE_HEADERS
         )
     try:
         done = await run.whole()
@@ -44,7 +48,7 @@ async def respond(run: Run, obj: str, stream: bool, include_usage: bool) -> Any:
         return error(GONE, "client closed the request")
     if isinstance(done, Failed):
         return failed(done)
-    return _whole(head, obj, first, done)
+    return _whole(head, obj, first, done, think)
 
 
 def usage(first: Started, done: Sequence[Done]) -> dict[str, Any]:
@@ -90,16 +94,21 @@ def _choice(
     role: bool = False,
     logprobs: Optional[dict[str, Any]] = None,
     calls: Sequence[Call] = (),
+    reasoning: str = "",
 ) -> dict:
     if obj == "chat.completion":
         if delta:
             d: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
+            if reasoning:  # (llama-server's field for a thinking model's reasoning)
+                d["reasoning_content"] = reasoning
+            if text is not None and not (reasoning and not text):
                 d["content"] = text
             if calls:
                 d["tool_calls"] = [{"index": i, **call_doc(c)} for i, c in enumerate(calls)]
             return {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish}
         message: dict[str, Any] = {"role": "assistant", "content": text or None if calls else text, "refusal": None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [call_doc(c) for c in calls]
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
@@ -110,11 +119,14 @@ def call_doc(c: Call) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def _whole(head: dict[str, Any], obj: str, first: Started, done: list[Done]) -> dict[str, Any]:
-    choices = [
-        _choice(obj, i, d.text, d.finish_reason, delta=False, logprobs=_logprobs(obj, d.probs), calls=d.tool_calls)
-        for i, d in enumerate(done)
-    ]
+def _whole(head: dict[str, Any], obj: str, first: Started, done: list[Done], think: str) -> dict[str, Any]:
+    choices = []
+    for i, d in enumerate(done):
+        reasoning, text = split(d.text, think, first.thinking)
+        lps = _logprobs(obj, d.probs)
+        choices.append(
+            _choice(obj, i, text, d.finish_reason, delta=False, logprobs=lps, calls=d.tool_calls, reasoning=reasoning)
+        )
     return {
         **head,
         "object": obj,
@@ -125,9 +137,12 @@ def _whole(head: dict[str, Any], obj: str, first: Started, done: list[Done]) -> 
     }
 
 
-async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(
+    run: Run, head: dict[str, Any], obj: str, first: Started, include_usage: bool, think: str
+) -> AsyncIterator[str]:
     """The stream's chunks as OpenAI sends them; usage and mtp come with the last finish_reason, or
-    (include_usage) in a last chunk of their own."""
+    (include_usage) in a last chunk of their own. A thinking model's reasoning comes as
+    `reasoning_content` deltas (`think`: the reasoning format)."""
     kind = obj + ".chunk" if obj == "chat.completion" else obj
 
     def chunk(choices: list[dict], **extra: Any) -> str:
@@ -135,6 +150,7 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
 
     n = len(run.jobs)
     offsets, done = [0] * n, dict[int, Done]()
+    splits = [ThinkSplit(think, first.thinking) for _ in range(n)]
     asked = run.jobs[0].request
     pieces, timed = bool(asked.mtp_pieces), bool(asked.timings_per_token)
     try:
@@ -149,11 +165,15 @@ async def _sse(run: Run, head: dict[str, Any], obj: str, first: Started, include
                 extra: dict[str, Any] = {"mtp_pieces": [[p[1], p[2]] for p in ev.pieces]} if pieces else {}
                 if ev.timings is not None:  # (llama-server's timings_per_token)
                     extra["timings"] = ev.timings
-                yield chunk([_choice(obj, i, ev.text, None, delta=True, logprobs=lps)], **extra)
+                reasoning, text = splits[i].feed(ev.text)
+                yield chunk([_choice(obj, i, text, None, delta=True, logprobs=lps, reasoning=reasoning)], **extra)
             elif isinstance(ev, Progress):  # (llama-server's return_progress)
                 yield chunk([], prompt_progress=ev.doc(), **({"timings": ev.timings()} if timed else {}))
             elif isinstance(ev, Done):
                 done[i] = ev
+                reasoning, text = splits[i].close()
+                if reasoning or text:  # (what was held back: it could have begun a tag)
+                    yield chunk([_choice(obj, i, text, None, delta=True, reasoning=reasoning)])
                 if ev.tool_calls:  # (each call whole, in one delta: clients join deltas by index)
                     yield chunk([_choice(obj, i, None, None, delta=True, calls=ev.tool_calls)])
                 finish = [_choice(obj, i, None, ev.finish_reason, delta=True)]

@@ -18,6 +18,7 @@ from mtp_cli import schemas
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, MAX_LOGPROBS
 from mtp_cli.errors import ConfigError
 from mtp_cli.serve.messages import Message, Strict, lone_surrogate, template_messages
+from mtp_cli.serve.reasoning import Format
 
 MAX_STOP = 4  # the OpenAI API's limit on stop strings
 MAX_CHOICES = 16  # `n`: each choice is a generation of its own (batched with -np)
@@ -185,7 +186,7 @@ class ChatRequest(Sampling):
     chat_template_kwargs: Optional[dict[str, Any]] = None  # (llama-server's: passed to the template)
     continue_final_message: Optional[bool] = None  # (vLLM's: a last assistant message is continued anyway)
     add_generation_prompt: Optional[bool] = None  # (vLLM's: false only with a last assistant message)
-    reasoning_format: Optional[str] = None  # (llama-server's)
+    reasoning_format: Optional[Format] = None  # (llama-server's: where a thinking model's reasoning goes)
 
     def unsupported(self) -> Optional[str]:
         forcing = self.tool_choice not in (None, "none", "auto") or isinstance(self.function_call, dict)

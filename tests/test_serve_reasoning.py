@@ -1,0 +1,140 @@
+"""A thinking model's reasoning split from its answer (llama-server's --reasoning-format): whole and
+streamed in any pieces alike, a block the prompt opened, tags arriving in pieces, the formats, and the
+chat responses' `reasoning_content` (whole and as stream deltas)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from mtp_cli.serve.reasoning import ThinkSplit, opens_thinking, split
+
+ANSWER = "<think>\nFirst, 2 + 2.\nThat is 4.\n</think>\n\nThe answer is 4."
+
+
+def streamed(text: str, cuts: list[int], fmt: str = "auto", opened: bool = False) -> tuple[str, str]:
+    s, r, c = ThinkSplit(fmt, opened), "", ""
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        dr, dc = s.feed(text[a:b])
+        r, c = r + dr, c + dc
+    dr, dc = s.close()
+    return r + dr, c + dc
+
+
+def test_whole_and_streamed_in_any_pieces_give_the_same_split():
+    want = ("First, 2 + 2.\nThat is 4.", "The answer is 4.")
+    assert split(ANSWER, "auto") == split(ANSWER, "deepseek") == want
+    for i in range(len(ANSWER) + 1):
+        for j in range(i, len(ANSWER) + 1, 3):
+            assert streamed(ANSWER, [i, j]) == want, (i, j)
+    assert streamed(ANSWER, list(range(1, len(ANSWER)))) == want  # (a character at a time)
+
+
+def test_a_block_the_prompt_opened_an_unclosed_one_and_text_without_one():
+    assert split("Plan it.\n</think>\nDone.", "auto", opened=True) == ("Plan it.", "Done.")
+    assert split("Still thinking when the tokens ran out", "auto", opened=True) == (
+        "Still thinking when the tokens ran out",
+        "",
+    )
+    for text in ("Hello <think>not a block</think>", "<thinking is fun", "  indented answer", "<th", ""):
+        assert split(text, "auto") == ("", text) and streamed(text, [2, 3]) == ("", text)
+
+
+def test_the_formats():
+    assert split(ANSWER, "none") == ("", ANSWER) and streamed(ANSWER, [5, 30], "none") == ("", ANSWER)
+    assert split(ANSWER, "deepseek-legacy") == ("First, 2 + 2.\nThat is 4.", ANSWER)
+    assert streamed(ANSWER, [5, 30], "deepseek-legacy") == ("First, 2 + 2.\nThat is 4.", ANSWER)
+
+
+def test_a_prompt_ending_in_an_open_block_is_told_apart_from_a_closed_one():
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # (thinking turned off)
+    assert not opens_thinking("<|im_start|>assistant\n") and not opens_thinking(None)
+
+
+class _Run:
+    """What openai_out reads of a Run: its jobs' request, the engine, and the events in turn."""
+
+    def __init__(self, events, fmt=None):
+        req = SimpleNamespace(mtp_pieces=False, timings_per_token=False, reasoning_format=fmt)
+        self.jobs = [SimpleNamespace(request=req)]
+        self.engine = SimpleNamespace(alias="m", reasoning_format="auto")
+        self.events = list(events)
+
+    async def next(self):
+        return 0, self.events.pop(0)
+
+    def close(self):
+        pass
+
+
+def test_chat_responses_carry_reasoning_content_whole_and_streamed():
+    from mtp_cli.serve import openai_out
+    from mtp_cli.serve.events import Delta, Done, Started
+    from mtp_cli.stats import GenStats
+
+    done = Done(ANSWER, "stop", GenStats(), {}, {})
+    body = openai_out._whole({}, "chat.completion", Started(3, 0), [done], "auto")
+    msg = body["choices"][0]["message"]
+    assert (msg["reasoning_content"], msg["content"]) == ("First, 2 + 2.\nThat is 4.", "The answer is 4.")
+    plain = openai_out._whole({}, "text_completion", Started(3, 0), [done], "none")
+    assert plain["choices"][0]["text"] == ANSWER
+
+    async def chunks(fmt):
+        pieces = [ANSWER[:3], ANSWER[3:12], ANSWER[12:40], ANSWER[40:]]
+        run = _Run([*(Delta(p) for p in pieces), done])
+        out = [c async for c in openai_out._sse(run, {}, "chat.completion", Started(3, 0), False, fmt)]
+        docs = [json.loads(c[6:]) for c in out if c.startswith("data: {")]
+        deltas = [d["choices"][0]["delta"] for d in docs if d["choices"]]
+        return "".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content") or "" for d in deltas)
+
+    assert asyncio.run(chunks("auto")) == ("First, 2 + 2.\nThat is 4.", "The answer is 4.")
+    assert asyncio.run(chunks("none")) == ("", ANSWER)
+
+
+@pytest.mark.parametrize("fmt", ["none", "auto", "deepseek", "deepseek-legacy"])
+def test_a_request_names_its_format_and_a_bad_one_is_refused(fmt):
+    import pydantic
+
+    from mtp_cli.serve.requests import ChatRequest
+
+    msgs = [{"role": "user", "content": "x"}]
+    assert ChatRequest.model_validate({"messages": msgs, "reasoning_format": fmt}).reasoning_format == fmt
+    with pytest.raises(pydantic.ValidationError, match="reasoning_format"):
+        ChatRequest.model_validate({"messages": msgs, "reasoning_format": "think"})
+
+
+def test_a_served_model_whose_template_opens_thinking_answers_in_reasoning_content(tiny_models):
+    """Through serve: a template ending in `<think>\\n` (as DeepSeek-R1's does) makes the whole
+    answer reasoning (the tiny model never closes the block); a request's reasoning_format none
+    gives it back as content, streamed alike."""
+    pytest.importorskip("fastapi")
+    from mtp_cli.chat import CHATML
+    from mtp_cli.config import GenConfig, LoadConfig
+    from mtp_cli.serve.engine import Engine
+    from tests.test_serve import N_CTX, Served
+
+    opening = CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+    assert opening != CHATML
+    tiny = tiny_models("glm4moe", "structured", "q8_0", head_noise=1.5)
+    load = LoadConfig(spec_type="mtp", chat_template=opening)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1), load=load)
+    s = Served(engine.start())
+    try:
+        body = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 12, "temperature": 0}
+        _, thought = s.raw("POST", "/v1/chat/completions", json.dumps(body))
+        _, plain = s.raw("POST", "/v1/chat/completions", json.dumps({**body, "reasoning_format": "none"}))
+        msg, raw = thought["choices"][0]["message"], plain["choices"][0]["message"]
+        assert "reasoning_content" not in raw and raw["content"].strip()
+        assert msg["reasoning_content"] == raw["content"].strip() and msg["content"] == ""
+        c = s.client()
+        stream = c.chat.completions.create(model="m", stream=True, **body)
+        got = [ch.choices[0].delta for ch in stream if ch.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in got) == msg["reasoning_content"]
+        assert not "".join(d.content or "" for d in got)
+    finally:
+        s.close()
+        engine.close()
