@@ -121,7 +121,7 @@ def test_a_served_model_whose_template_opens_thinking_answers_in_reasoning_conte
     assert opening != CHATML
     tiny = tiny_models("glm4moe", "structured", "q8_0", head_noise=1.5)
     load = LoadConfig(spec_type="mtp", chat_template=opening)
-    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1), load=load)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1, temp=0.0), load=load)
     s = Served(engine.start())
     try:
         body = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 12, "temperature": 0}
@@ -135,6 +135,16 @@ def test_a_served_model_whose_template_opens_thinking_answers_in_reasoning_conte
         got = [ch.choices[0].delta for ch in stream if ch.choices]
         assert "".join(getattr(d, "reasoning_content", None) or "" for d in got) == msg["reasoning_content"]
         assert not "".join(d.content or "" for d in got)
+        anthropic = pytest.importorskip("anthropic")
+        a = anthropic.Anthropic(base_url=f"http://127.0.0.1:{s.port}", api_key="none", max_retries=0)
+        ask = {"model": "m", "max_tokens": 12, "messages": body["messages"]}
+        m = a.messages.create(**ask)
+        assert [b.type for b in m.content] == ["thinking", "text"]
+        assert m.content[0].thinking == msg["reasoning_content"] and m.content[1].text == ""
+        with a.messages.stream(**ask) as st:
+            final = st.get_final_message()
+        assert [b.type for b in final.content] == ["thinking", "text"]
+        assert final.content[0].thinking == msg["reasoning_content"]
     finally:
         s.close()
         engine.close()

@@ -19,6 +19,7 @@ from mtp_cli.serve.engine import Engine
 from mtp_cli.serve.events import Delta, Done, Failed, Started
 from mtp_cli.serve.messages import Strict
 from mtp_cli.serve.openai_out import SSE_HEADERS
+from mtp_cli.serve.reasoning import ThinkSplit, split
 from mtp_cli.serve.replies import GONE, anthropic_error, said
 from mtp_cli.serve.requests import ChatRequest
 from mtp_cli.serve.runs import Run
@@ -206,8 +207,10 @@ async def respond(engine: Engine, req: MessagesRequest, client: Any) -> Any:
     if isinstance(done, Failed):
         return anthropic_error(done.status, said(done, RENAMED)[0])
     d = done[0]
-    text = [{"type": "text", "text": d.text}] if d.text or not d.tool_calls else []
-    return {**_head(mid, engine.alias, first, d), "content": text + _uses(d)}
+    reasoning, content = split(d.text, engine.reasoning_format, first.thinking)
+    thought = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
+    text = [{"type": "text", "text": content}] if content or not d.tool_calls else []
+    return {**_head(mid, engine.alias, first, d), "content": thought + text + _uses(d)}
 
 
 def _usage(first: Started, n_out: int) -> dict[str, Any]:
@@ -242,31 +245,68 @@ def _uses(d: Done) -> list[dict[str, Any]]:
     return [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)} for c in d.tool_calls]
 
 
+class _Blocks:
+    """The stream's content blocks in order: a thinking block (a thinking model's reasoning), then a
+    text block, each opened by its first delta and stopped when the next begins."""
+
+    def __init__(self, event: Any):
+        self.event, self.index, self.kind = event, -1, ""
+
+    def delta(self, kind: str, text: str) -> Any:
+        if not text:
+            return
+        if kind != self.kind:
+            yield from self.stop()
+            self.index, self.kind = self.index + 1, kind
+            yield self.event("content_block_start", index=self.index, content_block={"type": kind, kind: ""})
+        key = "text_delta" if kind == "text" else "thinking_delta"
+        yield self.event("content_block_delta", index=self.index, delta={"type": key, kind: text})
+
+    def empty_text(self) -> Any:
+        yield from self.stop()
+        self.index, self.kind = self.index + 1, "text"
+        yield self.event("content_block_start", index=self.index, content_block={"type": "text", "text": ""})
+
+    def stop(self) -> Any:
+        if self.kind == "thinking":  # (no signature to give: an empty one, as the block's field)
+            delta = {"type": "signature_delta", "signature": ""}
+            yield self.event("content_block_delta", index=self.index, delta=delta)
+        if self.kind:
+            yield self.event("content_block_stop", index=self.index)
+        self.kind = ""
+
+
 async def _events(run: Run, mid: str, model: str, first: Started) -> Any:
-    """Anthropic's stream: message_start, a text block's start / deltas / stop, each tool_use block
-    (its input as one JSON delta), message_delta (stop_reason, usage), message_stop."""
+    """Anthropic's stream: message_start, a thinking block's and a text block's start / deltas /
+    stop, each tool_use block (its input as one JSON delta), message_delta (stop_reason, usage),
+    message_stop."""
 
     def event(kind: str, **fields: Any) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
-    index, opened = 0, False
+    blocks, think = _Blocks(event), ThinkSplit(run.engine.reasoning_format, first.thinking)
+    texted = False
     try:
         yield event("message_start", message=_head(mid, model, first, None))
         yield event("ping")
         while True:
             _, ev = await run.next()
             if isinstance(ev, Delta) and ev.text:
-                if not opened:
-                    opened = True
-                    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": ev.text})
+                reasoning, text = think.feed(ev.text)
+                for e in [*blocks.delta("thinking", reasoning), *blocks.delta("text", text)]:
+                    yield e
+                texted = texted or bool(text)
             elif isinstance(ev, Done):
-                if opened or not ev.tool_calls:
-                    if not opened:
-                        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                    yield event("content_block_stop", index=0)
-                    index = 1
-                for k, use in enumerate(_uses(ev), start=index):
+                reasoning, text = think.close()
+                texted = texted or bool(text)
+                for e in [*blocks.delta("thinking", reasoning), *blocks.delta("text", text)]:
+                    yield e
+                if not texted and not ev.tool_calls:  # (an answer has a text block, empty or not)
+                    for e in blocks.empty_text():
+                        yield e
+                for e in blocks.stop():
+                    yield e
+                for k, use in enumerate(_uses(ev), start=blocks.index + 1):
                     yield event("content_block_start", index=k, content_block={**use, "input": {}})
                     partial = json.dumps(use["input"], ensure_ascii=False)
                     yield event(
