@@ -152,6 +152,7 @@ class GenConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to its logit (-inf: never)
     grammar: Optional[str] = None  # GBNF every generated text must follow (llama.cpp's --grammar)
     logprobs: Optional[int] = None  # report each token's log-probability and this many alternatives'
+    post_sampling_probs: bool = False  # ...under the distribution the sampler chain draws from (llama-server's)
     ignore_eos: bool = False  # end-of-generation tokens never sampled (llama.cpp: an EOG logit bias of -inf)
     seed: int = -1  # -1 = random
 

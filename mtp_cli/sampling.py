@@ -13,6 +13,7 @@ drawn from exactly the distribution plain decoding draws from (same seed -> same
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
@@ -189,6 +190,7 @@ class Chooser:
         self.edits = RowEdits(cfg, eog_tokens)
         self.grammar = lx.Grammar(model, cfg.grammar) if cfg.grammar else None
         self.n_top, self.verify_sampled = cfg.logprobs, verify_sampled
+        self.post = ChainDist(cfg) if cfg.post_sampling_probs else None
         self.probs: list[Probs] = []
         self._picked: list[Probs] = []  # the grammar path's, as it picks
 
@@ -230,7 +232,8 @@ class Chooser:
             tok = self.sampler.sample(ctx, index, row)
         g.accept(tok)
         if before is not None and self.n_top is not None:
-            self._picked.append(log_probs(before, tok, self.n_top))
+            post = self.post  # (the chain's: from the masked row, which it drew from)
+            self._picked.append(post.probs(row, tok, self.n_top) if post else log_probs(before, tok, self.n_top))
         return tok
 
     def _probs(self, rows: np.ndarray, chosen: Sequence[int]) -> None:
@@ -239,6 +242,8 @@ class Chooser:
         if self.n_top is not None:
             if self.grammar is not None:
                 self.probs, self._picked = self._picked, []
+            elif self.post is not None:
+                self.probs = [self.post.probs(rows[i], t, self.n_top) for i, t in enumerate(chosen)]
             else:
                 self.probs = [log_probs(rows[i], t, self.n_top) for i, t in enumerate(chosen)]
 
@@ -258,6 +263,36 @@ def log_probs(row: np.ndarray, token: int, n_top: int) -> tuple[float, tuple[tup
         idx = idx[np.argsort(-row[idx], kind="stable")]
         top = tuple((int(i), float(row[i]) - lse) for i in idx if np.isfinite(row[i]))  # (a banned token is none)
     return float(row[token]) - lse, top
+
+
+class ChainDist:
+    """The distribution llama.cpp's sampler chain draws from (llama-server's post_sampling_probs):
+    top_k, then top_p and min_p on the softmax of what is left, then the temperature; greedy: the
+    chosen token, certain. Probabilities come back as logs, like log_probs's."""
+
+    def __init__(self, cfg: GenConfig):
+        self.temp, self.top_k, self.top_p, self.min_p = cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p
+
+    def probs(self, row: np.ndarray, token: int, n_top: int) -> Probs:
+        if self.temp <= 0.0:
+            return 0.0, ((int(token), 0.0),) if n_top else ()
+        ids = np.flatnonzero(np.isfinite(row))
+        if 0 < self.top_k < len(ids):
+            ids = ids[np.argpartition(-row[ids], self.top_k - 1)[: self.top_k]]
+        ids = ids[np.argsort(-row[ids], kind="stable")]  # (best first from here on)
+        z = row[ids].astype(np.float64)
+        if self.top_p < 1.0:
+            p = np.exp(z - z[0])
+            keep = int(np.searchsorted(np.cumsum(p / p.sum()), self.top_p)) + 1
+            ids, z = ids[:keep], z[:keep]
+        if self.min_p > 0.0:
+            keep = max(1, int(np.sum(z >= z[0] + np.log(self.min_p))))
+            ids, z = ids[:keep], z[:keep]
+        lp = z / self.temp
+        lp = lp - (lp[0] + np.log(np.exp(lp - lp[0]).sum()))
+        where = np.flatnonzero(ids == token)
+        chosen = float(lp[where[0]]) if len(where) else -math.inf
+        return chosen, tuple((int(i), float(x)) for i, x in zip(ids[:n_top], lp[:n_top]))
 
 
 class ConfidenceProbe:
@@ -286,4 +321,5 @@ __all__ = [
     "verify_greedy",
     "verify_sampled",
     "log_probs",
+    "ChainDist",
 ]

@@ -430,3 +430,57 @@ def test_llama_cpps_own_templates_by_name(tiny):
         engine.close()
     r = chat_generate(tiny, "-n", "2", "--temp", "0", "--chat-template", "llama3", "-c", "256")
     assert r.exit_code == 0, r.output
+
+
+def test_post_sampling_probs_are_the_distribution_the_chain_drew_from(native):
+    """llama-server's post_sampling_probs: `prob` and `top_probs` under top_k / top_p / min_p and
+    the temperature (the kept tokens' probabilities sum to 1, none is 0); greedy: the token, certain."""
+    import math
+
+    body = {
+        "prompt": "the cat",
+        "n_predict": 6,
+        "n_probs": 5,
+        "post_sampling_probs": True,
+        "seed": 7,
+        "return_tokens": True,
+    }
+    _, doc = native.raw("POST", "/completion", json.dumps({**body, "temperature": 1.5, "top_k": 3}))
+    probs = doc["completion_probabilities"]
+    assert [p["id"] for p in probs] == doc["tokens"] and len(probs) == 6
+    for p in probs:
+        assert "logprob" not in p and 0.0 < p["prob"] <= 1.0 and 1 <= len(p["top_probs"]) <= 3
+        assert sum(t["prob"] for t in p["top_probs"]) == pytest.approx(1.0, abs=1e-5)
+        assert p["prob"] == pytest.approx(next(t["prob"] for t in p["top_probs"] if t["id"] == p["id"]))
+    _, greedy = native.raw("POST", "/completion", json.dumps({**body, "temperature": 0}))
+    assert all(
+        p["prob"] == 1.0 and [t["id"] for t in p["top_probs"]] == [p["id"]] for p in greedy["completion_probabilities"]
+    )
+    _, raw = native.raw(
+        "POST", "/completion", json.dumps({**body, "temperature": 1.5, "top_k": 3, "post_sampling_probs": False})
+    )
+    assert raw["tokens"] == doc["tokens"]  # (the same draws: only what is reported differs)
+    assert all(len(p["top_logprobs"]) == 5 for p in raw["completion_probabilities"])
+    assert any(
+        math.exp(p["logprob"]) < q["prob"] for p, q in zip(raw["completion_probabilities"], probs)
+    )  # (the vocabulary's softmax spreads what the chain's three tokens share)
+
+
+def test_chain_dist_follows_llama_cpps_order():
+    """top_k, then top_p on the softmax of what is left, then min_p, then the temperature."""
+    import math
+
+    import numpy as np
+
+    from mtp_cli.config import GenConfig
+    from mtp_cli.sampling import ChainDist
+
+    row = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], dtype=np.float32))
+    lp, top = ChainDist(GenConfig(temp=1.0, top_k=0, top_p=0.8, min_p=0.0)).probs(row, 1, 5)
+    assert [i for i, _ in top] == [0, 1, 2]  # (0.5 + 0.2 < 0.8 <= 0.85)
+    assert np.allclose([np.exp(x) for _, x in top], np.array([0.5, 0.2, 0.15]) / 0.85) and lp == top[1][1]
+    _, top = ChainDist(GenConfig(temp=1.0, top_k=4, top_p=1.0, min_p=0.25)).probs(row, 0, 5)
+    assert [i for i, _ in top] == [0, 1, 2]  # (0.15 >= 0.5 x 0.25 > 0.1)
+    _, top = ChainDist(GenConfig(temp=0.5, top_k=2, top_p=1.0, min_p=0.0)).probs(row, 0, 5)
+    assert np.allclose([np.exp(x) for _, x in top], np.array([0.25, 0.04]) / 0.29)  # (squared: T = 0.5)
+    assert ChainDist(GenConfig(temp=1.0, top_k=1, top_p=1.0, min_p=0.0)).probs(row, 3, 5)[0] == -math.inf

@@ -5,6 +5,7 @@ onto a text completion, its answer and stream in llama-server's shape, with the 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any, Optional, Union
 
@@ -58,6 +59,7 @@ class NativeRequest(Strict):
     ignore_eos: Optional[bool] = None
     logit_bias: Union[list[list[Any]], dict[str, Any], None] = None
     n_probs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    post_sampling_probs: Optional[bool] = None  # (probabilities as the sampler chain drew: prob, top_probs)
     grammar: Optional[str] = None
     json_schema: Optional[dict[str, Any]] = None
     return_tokens: bool = False
@@ -203,6 +205,7 @@ def _one(engine: Engine, req: NativeRequest, prompt: Union[str, list[int]]) -> C
     for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         body[name] = getattr(req, name)
     body |= {"seed": req.seed, "ignore_eos": req.ignore_eos, "n_probs": req.n_probs or None, "grammar": req.grammar}
+    body["post_sampling_probs"] = req.post_sampling_probs
     body |= {"json_schema": req.json_schema, "logit_bias": bias_ids(engine, req.logit_bias)}
     body["timings_per_token"], body["return_progress"] = req.timings_per_token, req.return_progress
     if req.repeat_last_n is not None:
@@ -277,7 +280,7 @@ def _final(engine: Engine, req: NativeRequest, first: Started, d: Done, content:
         "mtp": d.mtp,
     }
     if d.probs is not None and req.n_probs:
-        out["completion_probabilities"] = _probs(d.probs)
+        out["completion_probabilities"] = _probs(d.probs, bool(req.post_sampling_probs))
     return out
 
 
@@ -293,7 +296,18 @@ def _n_predict(engine: Engine, req: NativeRequest) -> int:
     return min(x for x in (asked, server, engine.n_ctx) if x is not None)
 
 
-def _probs(probs: tuple[TokenProb, ...]) -> list[dict[str, Any]]:
+def _probs(probs: tuple[TokenProb, ...], post: bool) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities: log-probabilities, or (post_sampling_probs) the
+    probabilities the sampler chain drew from, without the tokens it left no chance."""
+    if post:
+        return [
+            {
+                **_prob_entry(p.id, p.text, p.raw, p.logprob),
+                "top_probs": [_prob_entry(i, *x) for i, x in zip(p.top_ids, p.top) if math.exp(x[2]) > 0.0],
+            }
+            for p in probs
+        ]
+
     def entry(i: int, text: str, raw: bytes, lp: float) -> dict[str, Any]:
         return {"id": i, "token": text, "logprob": lp, "bytes": list(raw)}
 
@@ -301,6 +315,10 @@ def _probs(probs: tuple[TokenProb, ...]) -> list[dict[str, Any]]:
         {**entry(p.id, p.text, p.raw, p.logprob), "top_logprobs": [entry(i, *x) for i, x in zip(p.top_ids, p.top)]}
         for p in probs
     ]
+
+
+def _prob_entry(i: int, text: str, raw: bytes, lp: float) -> dict[str, Any]:
+    return {"id": i, "token": text, "prob": math.exp(lp), "bytes": list(raw)}
 
 
 async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator[str]:
@@ -314,7 +332,7 @@ async def _chunks(run: Run, req: NativeRequest, first: Started) -> AsyncIterator
                 doc: dict[str, Any] = {"index": i, "content": ev.text, "tokens": [p[0] for p in ev.pieces]}
                 doc["stop"] = False
                 if ev.probs and req.n_probs:
-                    doc["completion_probabilities"] = _probs(ev.probs)
+                    doc["completion_probabilities"] = _probs(ev.probs, bool(req.post_sampling_probs))
                 if ev.timings is not None:
                     doc["timings"] = ev.timings
                 yield f"data: {json.dumps(doc)}\n\n"

@@ -71,6 +71,7 @@ class Sampling(Strict):
     grammar: Optional[str] = None  # (llama-server's: GBNF)
     json_schema: Optional[dict[str, Any]] = None  # (llama-server's)
     n_probs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # (llama-server's)
+    post_sampling_probs: Optional[bool] = None  # (llama-server's: probabilities as the sampler chain drew)
     # bookkeeping fields that change nothing in the output
     user: Optional[str] = None
     store: Optional[bool] = None
@@ -128,6 +129,7 @@ class Sampling(Strict):
         if self.spec_n_max is not None:  # (a fixed draft length for this request)
             pairs["draft_n_max"], pairs["draft_mode"] = self.spec_n_max, "fixed"
         pairs["logprobs"] = self.logprob_count()
+        pairs["post_sampling_probs"] = self.post_sampling_probs
         return {k: v for k, v in pairs.items() if v is not None}
 
     def output_format(self) -> Optional[dict[str, Any]]:
