@@ -403,8 +403,8 @@ def test_a_streamed_message_stays_in_the_response_when_only_a_call_follows():
     from mtp_cli.stats import GenStats
 
     done = Done("", "tool_calls", GenStats(), {}, {}, tool_calls=(Call("count", "{}", "call_x"),))
-    doc = _finished({"id": "resp_x"}, Started(3, 0), done, "msg_streamed")
+    doc = _finished({"id": "resp_x"}, Started(3, 0), done, "auto", "msg_streamed")
     assert [o["type"] for o in doc["output"]] == ["message", "function_call"] and doc["output"][0][
         "id"
     ] == "msg_streamed"
-    assert [o["type"] for o in _finished({"id": "r"}, Started(3, 0), done)["output"]] == ["function_call"]
+    assert [o["type"] for o in _finished({"id": "r"}, Started(3, 0), done, "auto")["output"]] == ["function_call"]

@@ -145,6 +145,23 @@ def test_a_served_model_whose_template_opens_thinking_answers_in_reasoning_conte
             final = st.get_final_message()
         assert [b.type for b in final.content] == ["thinking", "text"]
         assert final.content[0].thinking == msg["reasoning_content"]
+        resp = c.responses.create(model="m", input="the cat", max_output_tokens=12, temperature=0)
+        assert [o.type for o in resp.output] == ["reasoning", "message"]
+        assert resp.output[0].content[0].text == msg["reasoning_content"] and resp.output_text == ""
+        with c.responses.stream(model="m", input="the cat", max_output_tokens=12, temperature=0) as st:
+            events = list(st)  # (cut by max_output_tokens: response.incomplete, which get_final_response refuses)
+        kinds, streamed = [e.type for e in events], events[-1].response
+        assert (
+            kinds[-1] == "response.incomplete"
+            and "response.reasoning_text.delta" in kinds
+            and "response.output_text.delta" not in kinds
+        )
+        assert [o.type for o in streamed.output] == ["reasoning", "message"]
+        assert streamed.output[0].content[0].text == msg["reasoning_content"]
+        follow = c.responses.create(
+            model="m", input="and?", previous_response_id=resp.id, max_output_tokens=4, temperature=0
+        )
+        assert follow.status in ("completed", "incomplete")
     finally:
         s.close()
         engine.close()

@@ -16,6 +16,7 @@ from mtp_cli.errors import ConfigError
 from mtp_cli.serve.engine import Engine, now
 from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
 from mtp_cli.serve.openai_out import SSE_HEADERS
+from mtp_cli.serve.reasoning import ThinkSplit, split
 from mtp_cli.serve.replies import GONE, error, said
 from mtp_cli.serve.responses_in import RENAMED, ResponsesRequest, chat_request
 from mtp_cli.serve.runs import Run
@@ -78,7 +79,7 @@ async def respond(engine: Engine, store: Store, req: ResponsesRequest, client: A
     if isinstance(done, Failed):
         text, code = said(done, RENAMED)
         return error(done.status, text, code=code)
-    doc = _finished(head, first, done[0])
+    doc = _finished(head, first, done[0], engine.reasoning_format)
     _keep(store if req.store is not False else None, doc, history, done[0])
     return doc
 
@@ -140,10 +141,21 @@ def _calls(done: Done) -> list[dict[str, Any]]:
     ]
 
 
-def _finished(head: dict[str, Any], first: Started, done: Done, mid: Optional[str] = None) -> dict[str, Any]:
-    """The whole Response once the generation ended (a message streamed, `mid`, stays in it)."""
-    said = done.text or not done.tool_calls or mid is not None
-    output = [_message(mid or "msg_" + secrets.token_hex(12), done.text, done.probs)] if said else []
+def _reasoning(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A thinking model's reasoning as an output item (its text whole: there is no summary to give)."""
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": rid, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def _finished(
+    head: dict[str, Any], first: Started, done: Done, think: str, mid: Optional[str] = None, rid: Optional[str] = None
+) -> dict[str, Any]:
+    """The whole Response once the generation ended (a message and reasoning streamed, `mid` and
+    `rid`, stay in it; `think`: the reasoning format)."""
+    reasoning, text = split(done.text, think, first.thinking)
+    output = [_reasoning(rid or "rs_" + secrets.token_hex(12), reasoning)] if reasoning or rid else []
+    if text or not done.tool_calls or mid is not None:
+        output.append(_message(mid or "msg_" + secrets.token_hex(12), text, done.probs))
     output += _calls(done)
     cut = done.finish_reason == "length"
     usage = {
@@ -172,7 +184,11 @@ def _keep(store: Optional[Store], doc: dict[str, Any], history: list[dict[str, A
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in done.tool_calls
     ]
-    answer: dict[str, Any] = {"role": "assistant", "content": done.text}
+    said = {o["type"]: o for o in doc["output"]}
+    text = said["message"]["content"][0]["text"] if "message" in said else ""
+    answer: dict[str, Any] = {"role": "assistant", "content": text}
+    if "reasoning" in said and said["reasoning"]["content"]:
+        answer["reasoning_content"] = said["reasoning"]["content"][0]["text"]
     if calls:
         answer["tool_calls"] = calls
     store.put(doc, [*history, answer])
@@ -208,33 +224,31 @@ class _Said:
 async def _events(
     run: Run, head: dict[str, Any], first: Started, store: Optional[Store], history: list[dict[str, Any]]
 ) -> Any:
-    """The Responses event stream: created, in_progress, the message's item, part and text deltas,
-    each function call's item and arguments, then completed (or incomplete); an error event if it fails."""
-    event, mid, opened = _Said(), "msg_" + secrets.token_hex(12), False
-    where = {"item_id": mid, "output_index": 0, "content_index": 0}
+    """The Responses event stream: created, in_progress, a thinking model's reasoning item and its
+    text deltas, the message's item, part and text deltas, each function call's item and arguments,
+    then completed (or incomplete); an error event if it fails."""
+    event, think = _Said(), ThinkSplit(run.engine.reasoning_format, first.thinking)
+    out = _Streamed(event)
     try:
         yield event("response.created", response=head)
         yield event("response.in_progress", response=head)
         while True:
             _, ev = await run.next()
             if isinstance(ev, Delta) and ev.text:
-                if not opened:
-                    opened = True
-                    item = {**_message(mid, "", None, "in_progress"), "content": []}
-                    yield event("response.output_item.added", output_index=0, item=item)
-                    yield event("response.content_part.added", **where, part=_text_part("", None))
+                reasoning, text = think.feed(ev.text)
                 live = {"timings": ev.timings} if ev.timings is not None else {}
-                yield event("response.output_text.delta", **where, delta=ev.text, logprobs=_logprobs(ev.probs), **live)
+                for e in [*out.reasoning(reasoning), *out.text(text, ev.probs, live)]:
+                    yield e
             elif isinstance(ev, Progress):
                 yield event("response.in_progress", response=head, prompt_progress=ev.doc())
             elif isinstance(ev, Done):
-                doc = _finished(head, first, ev, mid if opened else None)
-                if opened:
-                    part = doc["output"][0]["content"][0]
-                    yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
-                    yield event("response.content_part.done", **where, part=part)
-                    yield event("response.output_item.done", output_index=0, item=doc["output"][0])
-                for said_ in event.items(doc["output"], 1 if opened else 0):
+                reasoning, text = think.close()
+                for e in [*out.reasoning(reasoning), *out.text(text, (), {})]:
+                    yield e
+                doc = _finished(head, first, ev, run.engine.reasoning_format, out.mid, out.rid)
+                for e in out.done(doc["output"]):
+                    yield e
+                for said_ in event.items(doc["output"], out.opened):
                     yield said_
                 _keep(store, doc, history, ev)
                 yield event(f"response.{doc['status']}", response=doc, timings=ev.timings)
@@ -246,6 +260,56 @@ async def _events(
                 return
     finally:
         run.close()
+
+
+class _Streamed:
+    """The stream's reasoning item (first, when the model thinks) and message item, each added with
+    its first delta; `done` ends them with the whole Response's own items."""
+
+    def __init__(self, event: _Said):
+        self.event = event
+        self.rid: Optional[str] = None
+        self.mid: Optional[str] = None
+        self.opened = 0  # (output items begun: the rest are said whole after)
+
+    def reasoning(self, text: str) -> list[str]:
+        if not text:
+            return []
+        out = []
+        if self.rid is None:
+            self.rid, self.opened = "rs_" + secrets.token_hex(12), self.opened + 1
+            item = _reasoning(self.rid, "", "in_progress")
+            out.append(self.event("response.output_item.added", output_index=self.opened - 1, item=item))
+        at = {"item_id": self.rid, "output_index": 0, "content_index": 0}
+        return [*out, self.event("response.reasoning_text.delta", **at, delta=text)]
+
+    def text(self, text: str, probs: Any, live: dict[str, Any]) -> list[str]:
+        if not text:
+            return []
+        out = []
+        at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
+        if self.mid is None:
+            self.mid, self.opened = "msg_" + secrets.token_hex(12), self.opened + 1
+            at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
+            item = {**_message(self.mid, "", None, "in_progress"), "content": []}
+            out.append(self.event("response.output_item.added", output_index=self.opened - 1, item=item))
+            out.append(self.event("response.content_part.added", **at, part=_text_part("", None)))
+        delta = self.event("response.output_text.delta", **at, delta=text, logprobs=_logprobs(probs), **live)
+        return [*out, delta]
+
+    def done(self, output: list[dict[str, Any]]) -> list[str]:
+        out = []
+        for k, item in enumerate(output[: self.opened]):
+            at = {"item_id": item["id"], "output_index": k, "content_index": 0}
+            if item["type"] == "reasoning":
+                text = item["content"][0]["text"] if item["content"] else ""
+                out.append(self.event("response.reasoning_text.done", **at, text=text))
+            else:
+                part = item["content"][0]
+                out.append(self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]))
+                out.append(self.event("response.content_part.done", **at, part=part))
+            out.append(self.event("response.output_item.done", output_index=k, item=item))
+        return out
 
 
 __all__ = ["Store", "respond", "chat_request", "ResponsesRequest"]
