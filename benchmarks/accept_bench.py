@@ -84,9 +84,9 @@ class Explain:
 
         real = self.real = sampling.Chooser.verify
 
-        def verify(chooser, ctx, rows, drafts, history):
+        def verify(chooser, ctx, rows, drafts, history, row0=0):
             unedited = int(rows[0].argmax())
-            a, nxt = real(chooser, ctx, rows, drafts, history)
+            a, nxt = real(chooser, ctx, rows, drafts, history, row0)
             if drafts:
                 c = self.counts["changed" if unedited != (drafts[0] if a else nxt) else "unchanged"]
                 c[0] += 1

@@ -165,3 +165,74 @@ def test_a_served_model_whose_template_opens_thinking_answers_in_reasoning_conte
     finally:
         s.close()
         engine.close()
+
+
+def test_a_repeated_opener_is_not_reasoning():
+    """Found by review: the prompt opened the block and the model wrote `<think>` again."""
+    assert split("<think>\nabc</think>x", "auto", opened=True) == ("abc", "x")
+    assert streamed("<think>\nabc</think>x", [1, 3, 9], opened=True) == ("abc", "x")
+
+
+def test_tool_calls_are_read_after_the_thinking_never_inside_it():
+    """Found by review: a hermes call mentioned in the reasoning cut it there; a llama3-style answer
+    (a JSON object) was held from the first `<` of `<think>`."""
+    from mtp_cli.serve.jobs import Begun
+    from mtp_cli.serve.tools import FORMATS, ToolPlan
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    text = "<think>\nI will emit a <tool_call> for get_weather.\n</think>\n\n" + call
+    for opened, said in ((False, text), (True, text[len("<think>") :])):
+        b = Begun(None, None, ToolPlan([tool], FORMATS["hermes"], None, True), None, None, opened)  # type: ignore[arg-type]
+        content, calls = b.parse(said)
+        assert [c.name for c in calls] == ["get_weather"] and json.loads(calls[0].arguments) == {"city": "Oslo"}
+        assert split(content, "auto", opened) == ("I will emit a <tool_call> for get_weather.", "")
+        assert b.held(said[: -len(call)]) == -1 and b.held(said) == said.index(call)
+        assert b.held(said[: said.index("</think>")]) == -1  # (inside the block: nothing is a call)
+    llama3 = Begun(None, None, ToolPlan([tool], FORMATS["llama3"], None, True), None, None, False)  # type: ignore[arg-type]
+    assert llama3.held("<think>\nhm") == -1 and llama3.held("<think>\nhm</think>\n{") == len("<think>\nhm</think>")
+
+
+class _Engine(SimpleNamespace):
+    pass
+
+
+def _legacy_run(pieces):
+    from mtp_cli.serve.events import Delta, Done
+    from mtp_cli.stats import GenStats
+
+    run = _Run([*(Delta(p) for p in pieces), Done("".join(pieces), "stop", GenStats(), {}, {})])
+    run.engine.reasoning_format = "deepseek-legacy"
+    return run
+
+
+def test_deepseek_legacy_gives_messages_and_responses_their_blocks():
+    """Found by review: with deepseek-legacy the streams alternated reasoning and text blocks (the raw
+    text is content there); in Messages and Responses the reasoning has a block of its own, so they
+    split as deepseek does, and a Responses reasoning item is done before the message is added."""
+    from mtp_cli.serve import anthropic, responses
+    from mtp_cli.serve.events import Started
+
+    pieces = ["<think>", "\nFirst, 2", " + 2.\n", "</think>", "\n\nThe answer", " is 4."]
+
+    async def collect(gen):
+        return [json.loads(e.split("data: ", 1)[1]) for e in [x async for x in gen]]
+
+    msgs = asyncio.run(collect(anthropic._events(_legacy_run(pieces), "msg_x", "m", Started(3, 0))))
+    starts = [e["content_block"]["type"] for e in msgs if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    text = "".join(e["delta"].get("text", "") for e in msgs if e["type"] == "content_block_delta")
+    thought = "".join(e["delta"].get("thinking", "") for e in msgs if e["type"] == "content_block_delta")
+    assert (thought, text) == ("First, 2 + 2.", "The answer is 4.")
+
+    resp = asyncio.run(collect(responses._events(_legacy_run(pieces), {"id": "r"}, Started(3, 0), None, [])))
+    order = [(e["type"], e.get("output_index")) for e in resp if "output_item" in e["type"]]
+    assert order == [
+        ("response.output_item.added", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.output_item.done", 1),
+    ]
+    final = resp[-1]["response"]["output"]
+    assert [o["type"] for o in final] == ["reasoning", "message"]
+    assert final[1]["content"][0]["text"] == "The answer is 4."

@@ -237,3 +237,17 @@ def test_answers_under_penalties_are_penalized_decodings_with_the_trunks_own_top
     assert {(round(float(e.penalty), 3), float(e.freq)) for e in chosen if e is not None} == {(1.1, 0.0), (1.0, 0.5)}
     col.cfg = CollectConfig()
     assert col.edits_for("prompt:0") is None
+
+
+def test_a_store_keeps_the_penalties_its_answers_were_written_under(tmp_path):
+    """Found by review: prompts already answered are skipped by key, so a store written under other
+    penalties (or none) would have been extended silently under mixed settings: refused in one line."""
+    from mtp_cli.errors import TrainDataError
+    from mtp_cli.train.data import Store
+
+    dims = {"n_embd": 8, "top_k": 2, "n_vocab": 10, "model": "m"}
+    Store.create(tmp_path / "d", **dims, penalties=((1.1, 0.0, 0.0),)).flush()
+    Store.create(tmp_path / "d", **dims, penalties=((1.1, 0.0, 0.0),))  # (the same: resumed)
+    for other in ((), ((1.0, 0.5, 0.5),)):
+        with pytest.raises(TrainDataError, match="answer-penalty"):
+            Store.create(tmp_path / "d", **dims, penalties=other)

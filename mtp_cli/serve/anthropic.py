@@ -19,7 +19,7 @@ from mtp_cli.serve.engine import Engine
 from mtp_cli.serve.events import Delta, Done, Failed, Started
 from mtp_cli.serve.messages import Strict
 from mtp_cli.serve.openai_out import SSE_HEADERS
-from mtp_cli.serve.reasoning import ThinkSplit, split
+from mtp_cli.serve.reasoning import ThinkSplit, blocks_format, split
 from mtp_cli.serve.replies import GONE, anthropic_error, said
 from mtp_cli.serve.requests import ChatRequest
 from mtp_cli.serve.runs import Run
@@ -207,7 +207,7 @@ async def respond(engine: Engine, req: MessagesRequest, client: Any) -> Any:
     if isinstance(done, Failed):
         return anthropic_error(done.status, said(done, RENAMED)[0])
     d = done[0]
-    reasoning, content = split(d.text, engine.reasoning_format, first.thinking)
+    reasoning, content = split(d.text, blocks_format(engine.reasoning_format), first.thinking)
     thought = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
     text = [{"type": "text", "text": content}] if content or not d.tool_calls else []
     return {**_head(mid, engine.alias, first, d), "content": thought + text + _uses(d)}
@@ -258,7 +258,8 @@ class _Blocks:
         if kind != self.kind:
             yield from self.stop()
             self.index, self.kind = self.index + 1, kind
-            yield self.event("content_block_start", index=self.index, content_block={"type": kind, kind: ""})
+            block = {"type": kind, kind: "", **({"signature": ""} if kind == "thinking" else {})}
+            yield self.event("content_block_start", index=self.index, content_block=block)
         key = "text_delta" if kind == "text" else "thinking_delta"
         yield self.event("content_block_delta", index=self.index, delta={"type": key, kind: text})
 
@@ -284,7 +285,7 @@ async def _events(run: Run, mid: str, model: str, first: Started) -> Any:
     def event(kind: str, **fields: Any) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
-    blocks, think = _Blocks(event), ThinkSplit(run.engine.reasoning_format, first.thinking)
+    blocks, think = _Blocks(event), ThinkSplit(blocks_format(run.engine.reasoning_format), first.thinking)
     texted = False
     try:
         yield event("message_start", message=_head(mid, model, first, None))

@@ -245,7 +245,7 @@ class Engine:
         st = self.begin(job, self.session)
         report = reporter(job) if st.req.return_progress else None
         gen = self.session.generate(st.prompt, st.res.config, st.res.policy, report)
-        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached, self.opens_thinking(st.prompt)))
+        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached, st.thinking))
         out = stream(gen, job, st.req.stop_strings(), self._prob, st.held, bool(st.req.timings_per_token))
         self.finish(st, out, gen.stats)
 
@@ -262,13 +262,13 @@ class Engine:
         tools = self._tool_plan(req)
         prompt = self._prompt(req, tools, session)
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
-        return Begun(job, req, tools, prompt, res)
+        return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt))
 
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None:
         """The job's generation ended with this text (TextStream.close): its record, and Done."""
         job, tools, res = b.job, b.tools, b.res
         text, cut, probs, sent, tokens = out
-        content, calls = tools.fmt.parse(text, tools.tools) if tools and not cut else (text, [])
+        content, calls = b.parse(text) if tools and not cut else (text, [])
         if not calls and len(content) > sent and not job.cancelled.is_set():
             job.emit(Delta(content[sent:]))  # (held back as a possible call, and none was)
         rec = Record(

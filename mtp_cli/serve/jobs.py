@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from mtp_cli.serve.events import Event
+from mtp_cli.serve.reasoning import answer_start
 from mtp_cli.serve.requests import ChatRequest, CompletionRequest
-from mtp_cli.serve.tools import ToolPlan
+from mtp_cli.serve.tools import Call, ToolPlan
 from mtp_cli.session import Prompt
 from mtp_cli.speed.auto import Resolved
 
@@ -50,10 +51,29 @@ class Begun:
     tools: Optional[ToolPlan]
     prompt: Prompt
     res: Resolved
+    thinking: bool = False  # (the prompt ends in an open thinking block)
 
     @property
     def held(self) -> Optional[Callable[[str], int]]:
-        return self.tools.fmt.held_from if self.tools else None
+        """Where tool calls may begin in the text so far: after a thinking block, never inside it."""
+        if self.tools is None:
+            return None
+        fmt, opened = self.tools.fmt, self.thinking
+
+        def held(text: str) -> int:
+            at = answer_start(text, opened)
+            h = fmt.held_from(text[at:]) if at >= 0 else -1
+            return at + h if h >= 0 else -1
+
+        return held
+
+    def parse(self, text: str) -> tuple[str, list[Call]]:
+        """(the content before the calls, the calls) of the answer after a thinking block."""
+        at = answer_start(text, self.thinking)
+        if self.tools is None or at < 0:
+            return text, []
+        content, calls = self.tools.fmt.parse(text[at:], self.tools.tools)
+        return (text[:at] + content, calls) if calls else (text, [])
 
 
 __all__ = ["Job", "EmbedJob", "Embedded", "Begun", "Request"]

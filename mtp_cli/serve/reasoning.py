@@ -69,6 +69,11 @@ class ThinkSplit:
             elif self.state == "think":
                 if not reasoning and not self.said:
                     self.buf = self.buf.lstrip()  # (the reasoning's leading blank lines)
+                    if OPEN.startswith(self.buf) and self.buf:
+                        return reasoning, content  # (an opener the prompt's already had may be arriving)
+                    if self.buf.startswith(OPEN):  # (written again after the prompt's: not reasoning)
+                        self.buf = self.buf[len(OPEN) :]
+                        continue
                 i = self.buf.find(CLOSE)
                 if i >= 0:
                     reasoning += self.buf[:i].rstrip()
@@ -94,6 +99,22 @@ class ThinkSplit:
                 return reasoning, content
 
 
+def answer_start(text: str, opened: bool = False) -> int:
+    """Where the answer after a thinking block begins in `text` so far (0: there is none; -1: the
+    block is not closed yet, or an opener may be arriving): tool calls are looked for from there."""
+    s = text.lstrip()
+    if not opened and not s.startswith(OPEN):
+        return -1 if s and OPEN.startswith(s) else 0
+    i = text.find(CLOSE)
+    return -1 if i < 0 else i + len(CLOSE)
+
+
+def blocks_format(fmt: str) -> str:
+    """The format for APIs that give reasoning a block or item of its own (Messages, Responses):
+    deepseek-legacy's reasoning also left in the text has no place there, so it is deepseek's."""
+    return "deepseek" if fmt == "deepseek-legacy" else fmt
+
+
 def split(text: str, fmt: str, opened: bool = False) -> tuple[str, str]:
     """A whole answer's (reasoning, content)."""
     s = ThinkSplit(fmt, opened)
@@ -110,4 +131,14 @@ def _partial(text: str, tag: str) -> int:
     return 0
 
 
-__all__ = ["ThinkSplit", "split", "opens_thinking", "FORMATS", "Format", "OPEN", "CLOSE"]
+__all__ = [
+    "ThinkSplit",
+    "split",
+    "answer_start",
+    "blocks_format",
+    "opens_thinking",
+    "FORMATS",
+    "Format",
+    "OPEN",
+    "CLOSE",
+]

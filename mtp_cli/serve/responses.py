@@ -16,7 +16,7 @@ from mtp_cli.errors import ConfigError
 from mtp_cli.serve.engine import Engine, now
 from mtp_cli.serve.events import Delta, Done, Failed, Progress, Started, TokenProb
 from mtp_cli.serve.openai_out import SSE_HEADERS
-from mtp_cli.serve.reasoning import ThinkSplit, split
+from mtp_cli.serve.reasoning import ThinkSplit, blocks_format, split
 from mtp_cli.serve.replies import GONE, error, said
 from mtp_cli.serve.responses_in import RENAMED, ResponsesRequest, chat_request
 from mtp_cli.serve.runs import Run
@@ -79,7 +79,7 @@ async def respond(engine: Engine, store: Store, req: ResponsesRequest, client: A
     if isinstance(done, Failed):
         text, code = said(done, RENAMED)
         return error(done.status, text, code=code)
-    doc = _finished(head, first, done[0], engine.reasoning_format)
+    doc = _finished(head, first, done[0], blocks_format(engine.reasoning_format))
     _keep(store if req.store is not False else None, doc, history, done[0])
     return doc
 
@@ -227,7 +227,7 @@ async def _events(
     """The Responses event stream: created, in_progress, a thinking model's reasoning item and its
     text deltas, the message's item, part and text deltas, each function call's item and arguments,
     then completed (or incomplete); an error event if it fails."""
-    event, think = _Said(), ThinkSplit(run.engine.reasoning_format, first.thinking)
+    event, think = _Said(), ThinkSplit(blocks_format(run.engine.reasoning_format), first.thinking)
     out = _Streamed(event)
     try:
         yield event("response.created", response=head)
@@ -245,7 +245,7 @@ async def _events(
                 reasoning, text = think.close()
                 for e in [*out.reasoning(reasoning), *out.text(text, (), {})]:
                     yield e
-                doc = _finished(head, first, ev, run.engine.reasoning_format, out.mid, out.rid)
+                doc = _finished(head, first, ev, blocks_format(run.engine.reasoning_format), out.mid, out.rid)
                 for e in out.done(doc["output"]):
                     yield e
                 for said_ in event.items(doc["output"], out.opened):
@@ -264,13 +264,16 @@ async def _events(
 
 class _Streamed:
     """The stream's reasoning item (first, when the model thinks) and message item, each added with
-    its first delta; `done` ends them with the whole Response's own items."""
+    its first delta, the reasoning ended before the message begins; `done` ends what is still open
+    with the whole Response's own items."""
 
     def __init__(self, event: _Said):
         self.event = event
         self.rid: Optional[str] = None
         self.mid: Optional[str] = None
+        self.thought = ""
         self.opened = 0  # (output items begun: the rest are said whole after)
+        self.ended = 0  # (of those, the ones already done)
 
     def reasoning(self, text: str) -> list[str]:
         if not text:
@@ -279,7 +282,8 @@ class _Streamed:
         if self.rid is None:
             self.rid, self.opened = "rs_" + secrets.token_hex(12), self.opened + 1
             item = _reasoning(self.rid, "", "in_progress")
-            out.append(self.event("response.output_item.added", output_index=self.opened - 1, item=item))
+            out.append(self.event("response.output_item.added", output_index=0, item=item))
+        self.thought += text
         at = {"item_id": self.rid, "output_index": 0, "content_index": 0}
         return [*out, self.event("response.reasoning_text.delta", **at, delta=text)]
 
@@ -287,29 +291,35 @@ class _Streamed:
         if not text:
             return []
         out = []
-        at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
         if self.mid is None:
+            if self.rid is not None:  # (as OpenAI streams: an item is done before the next is added)
+                out += self._end(_reasoning(self.rid, self.thought), 0)
             self.mid, self.opened = "msg_" + secrets.token_hex(12), self.opened + 1
-            at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
             item = {**_message(self.mid, "", None, "in_progress"), "content": []}
             out.append(self.event("response.output_item.added", output_index=self.opened - 1, item=item))
+            at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
             out.append(self.event("response.content_part.added", **at, part=_text_part("", None)))
+        at = {"item_id": self.mid, "output_index": self.opened - 1, "content_index": 0}
         delta = self.event("response.output_text.delta", **at, delta=text, logprobs=_logprobs(probs), **live)
         return [*out, delta]
 
     def done(self, output: list[dict[str, Any]]) -> list[str]:
-        out = []
-        for k, item in enumerate(output[: self.opened]):
-            at = {"item_id": item["id"], "output_index": k, "content_index": 0}
-            if item["type"] == "reasoning":
-                text = item["content"][0]["text"] if item["content"] else ""
-                out.append(self.event("response.reasoning_text.done", **at, text=text))
-            else:
-                part = item["content"][0]
-                out.append(self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]))
-                out.append(self.event("response.content_part.done", **at, part=part))
-            out.append(self.event("response.output_item.done", output_index=k, item=item))
+        out: list[str] = []
+        for k in range(self.ended, self.opened):
+            out += self._end(output[k], k)
         return out
+
+    def _end(self, item: dict[str, Any], k: int) -> list[str]:
+        at = {"item_id": item["id"], "output_index": k, "content_index": 0}
+        self.ended = k + 1
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"] if item["content"] else ""
+            said = [self.event("response.reasoning_text.done", **at, text=text)]
+        else:
+            part = item["content"][0]
+            said = [self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"])]
+            said.append(self.event("response.content_part.done", **at, part=part))
+        return [*said, self.event("response.output_item.done", output_index=k, item=item)]
 
 
 __all__ = ["Store", "respond", "chat_request", "ResponsesRequest"]

@@ -21,7 +21,7 @@ from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import Failed, Started, Streamed, TextStream, TokenProb, reporter
 from mtp_cli.serve.jobs import Begun, EmbedJob, Job
 from mtp_cli.serve.metrics import Metrics
-from mtp_cli.session import Prompt, Session, Taken
+from mtp_cli.session import Session, Taken
 from mtp_cli.slots import BatchRunner, StepOut
 from mtp_cli.speed.auto import AutoDraft
 from mtp_cli.stats import GenStats, TokenEvent
@@ -46,8 +46,6 @@ class Host(Protocol):
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None: ...
 
     def _prob(self, ev: TokenEvent) -> TokenProb: ...
-
-    def opens_thinking(self, prompt: Prompt) -> bool: ...
 
     def embed(self, job: EmbedJob) -> None: ...
 
@@ -131,7 +129,7 @@ class SlotWorker:
         live = prep.stats if b.req.timings_per_token else None
         text = TextStream(job, b.req.stop_strings(), self.e._prob, b.held, live)
         self.slots[seq] = _Slot(b, text, taken, prep.stats)
-        job.emit(Started(len(b.prompt.tokens), prep.stats.n_cached, self.e.opens_thinking(b.prompt)))
+        job.emit(Started(len(b.prompt.tokens), prep.stats.n_cached, b.thinking))
 
     def _pick(self, job: Job) -> tuple[int, Begun]:
         """A free slot for the job, and the job readied there (its prompt is the slot's session's): one

@@ -111,7 +111,12 @@ def collect(
 
     with Runtime.load(model_path) as rt:
         store = Store.create(
-            root, n_embd=lx.n_embd_out(rt.model), top_k=cfg.top_k, n_vocab=lx.n_vocab(rt.model), model=str(model_path)
+            root,
+            n_embd=lx.n_embd_out(rt.model),
+            top_k=cfg.top_k,
+            n_vocab=lx.n_vocab(rt.model),
+            model=str(model_path),
+            penalties=cfg.penalties,
         )
         run = _Collection(rt, store, cfg, progress, stop)
         try:

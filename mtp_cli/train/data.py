@@ -138,12 +138,28 @@ class Store:
         self._saved = time.monotonic()
 
     @classmethod
-    def create(cls, root: str | os.PathLike[str], *, n_embd: int, top_k: int, n_vocab: int, model: str) -> Store:
-        """Open `root` for appending: a new store, or the one there (which must match), cut back to its index."""
+    def create(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        n_embd: int,
+        top_k: int,
+        n_vocab: int,
+        model: str,
+        penalties: tuple[tuple[float, float, float], ...] = (),
+    ) -> Store:
+        """Open `root` for appending: a new store, or the one there (which must match, its answers
+        written under the same `penalties`), cut back to its index."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
+        said = [list(map(float, p)) for p in penalties]
         if (root / INDEX).exists():
             index = _read_index(root, (n_embd, top_k, n_vocab))
+            if index.get("penalties", []) != said:  # (a store's prompts are answered once: under one setting)
+                raise TrainDataError(
+                    f"{root}: its answers were written under penalties {index.get('penalties', [])}, not {said} "
+                    "(`--answer-penalty`): give the same, or use another work folder (`work`)"
+                )
         else:
             index = {
                 "version": 1,
@@ -151,6 +167,7 @@ class Store:
                 "top_k": top_k,
                 "n_vocab": n_vocab,
                 "model": model,
+                "penalties": said,
                 "n_rows": 0,
                 "seqs": [],
                 "done": [],
