@@ -162,6 +162,7 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        http="h11",  # (whatever else is installed: httptools would lower the header names again)
     )
 
     class Server(uvicorn.Server):  # type: ignore[name-defined]
