@@ -236,3 +236,41 @@ def test_deepseek_legacy_gives_messages_and_responses_their_blocks():
     final = resp[-1]["response"]["output"]
     assert [o["type"] for o in final] == ["reasoning", "message"]
     assert final[1]["content"][0]["text"] == "The answer is 4."
+
+
+def test_verbose_gives_the_prompt_as_decoded_and_progress_starts_at_zero(tiny_models):
+    """llama-server's per-request `verbose` (`__verbose`: the prompt with its special tokens spelled,
+    beside the answer) and return_progress's first timings at 0 ms (llama.cpp's suite checks both)."""
+    import http.client
+
+    pytest.importorskip("fastapi")
+    from mtp_cli.chat import CHATML
+    from mtp_cli.config import GenConfig, LoadConfig
+    from mtp_cli.serve.engine import Engine
+    from tests.test_serve import N_CTX, Served
+
+    tiny = tiny_models("glm4moe", "structured", "q8_0", head_noise=1.5)
+    load = LoadConfig(spec_type="mtp", chat_template=CHATML)
+    engine = Engine.load(tiny["full"], GenConfig(spec_type="mtp", n_ctx=N_CTX, n_threads=1, temp=0.0), load=load)
+    s = Served(engine.start())
+    try:
+        body = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "the cat"}]}
+        for verbose in (True, False):
+            status, r = s.raw("POST", "/v1/chat/completions", json.dumps({**body, "max_tokens": 2, "verbose": verbose}))
+            assert status == 200 and ("__verbose" in r) == verbose
+        _, r = s.raw("POST", "/v1/chat/completions", json.dumps({**body, "max_tokens": 2, "verbose": True}))
+        v = r["__verbose"]
+        assert "<|im_start|>system\nBook<|im_end|>" in v["prompt"] and v["prompt"].endswith("<|im_start|>assistant\n")
+        assert v["content"] == r["choices"][0]["message"]["content"] and v["tokens_predicted"] == 2
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        ask = {"prompt": "the cat sat " * 20, "n_predict": 2, "stream": True, "return_progress": True}
+        c.request("POST", "/completion", json.dumps({**ask, "timings_per_token": True}))
+        got = c.getresponse()
+        assert got.status == 200
+        lines = [x for x in got.read().decode().split("\n\n") if x.startswith("data: {")]
+        progress = [json.loads(x[6:]) for x in lines if "prompt_progress" in x]
+        assert progress and progress[0]["timings"]["prompt_ms"] == 0.0
+        c.close()
+    finally:
+        s.close()
+        engine.close()

@@ -245,14 +245,16 @@ class Engine:
         st = self.begin(job, self.session)
         report = reporter(job) if st.req.return_progress else None
         gen = self.session.generate(st.prompt, st.res.config, st.res.policy, report)
-        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached, st.thinking))
+        job.emit(Started(len(st.prompt.tokens), gen.stats.n_cached, st.thinking, st.prompt_text))
         out = stream(gen, job, st.req.stop_strings(), self._prob, st.held, bool(st.req.timings_per_token))
         self.finish(st, out, gen.stats)
 
     def opens_thinking(self, prompt: Prompt) -> bool:
         """The prompt ends inside a thinking block its template opened: the answer begins with reasoning."""
-        tail = lx.detokenize(self.rt.model, prompt.tokens[-16:], remove_special=False, unparse_special=True)
-        return opens_thinking(tail)
+        return opens_thinking(self._decoded(prompt.tokens[-16:]))
+
+    def _decoded(self, tokens: list[int]) -> str:
+        return lx.detokenize(self.rt.model, tokens, remove_special=False, unparse_special=True)
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:
         """A job checked, its prompt (from `session`: what its memory holds) and its settings."""
@@ -262,7 +264,8 @@ class Engine:
         tools = self._tool_plan(req)
         prompt = self._prompt(req, tools, session)
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
-        return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt))
+        shown = self._decoded(prompt.tokens) if getattr(req, "verbose", None) else None
+        return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt), shown)
 
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None:
         """The job's generation ended with this text (TextStream.close): its record, and Done."""

@@ -22,6 +22,7 @@ class Started:
     n_prompt: int
     n_cached: int
     thinking: bool = False  # (the prompt ends in an open thinking block: the answer begins inside it)
+    prompt_text: Optional[str] = None  # (the prompt as decoded, special tokens spelled: `verbose` asked)
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,10 @@ def reporter(job: Emitting) -> Callable[[int, int], None]:
     start: list[float] = []
 
     def report(done: int, total: int) -> None:
+        now = time.perf_counter()
         if not start:
-            start.extend((time.perf_counter(), float(done)))
-        job.emit(Progress(total, int(start[1]), done, (time.perf_counter() - start[0]) * 1e3))
+            start.extend((now, float(done)))
+        job.emit(Progress(total, int(start[1]), done, (now - start[0]) * 1e3))  # (the first: 0 ms)
 
     return report
 

@@ -52,6 +52,7 @@ class Begun:
     prompt: Prompt
     res: Resolved
     thinking: bool = False  # (the prompt ends in an open thinking block)
+    prompt_text: Optional[str] = None  # (the prompt as decoded, when the request asks for `verbose`)
 
     @property
     def held(self) -> Optional[Callable[[str], int]]:

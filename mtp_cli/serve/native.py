@@ -73,6 +73,7 @@ class NativeRequest(Strict):
     samplers: Optional[list[str]] = None  # (llama.cpp's default order is the one used)
     min_keep: Optional[int] = None
     sse_ping_interval: Optional[float] = None
+    backend_sampling: Optional[bool] = None  # (where llama.cpp samples: the same draws either way)
     # llama-server's other samplers, at their off values only
     typical_p: Optional[float] = None
     mirostat: Optional[int] = None

@@ -127,7 +127,7 @@ def _whole(head: dict[str, Any], obj: str, first: Started, done: list[Done], thi
         choices.append(
             _choice(obj, i, text, d.finish_reason, delta=False, logprobs=lps, calls=d.tool_calls, reasoning=reasoning)
         )
-    return {
+    body = {
         **head,
         "object": obj,
         "choices": choices,
@@ -135,6 +135,11 @@ def _whole(head: dict[str, Any], obj: str, first: Started, done: list[Done], thi
         "mtp": done[0].mtp,
         "timings": done[0].timings,
     }
+    if first.prompt_text is not None:  # (llama-server's `verbose`: what the model was given, as text)
+        d = done[0]
+        said = {"prompt": first.prompt_text, "content": d.text, "tokens_evaluated": first.n_prompt}
+        body["__verbose"] = {**said, "tokens_cached": first.n_cached, "tokens_predicted": d.stats.n_tokens}
+    return body
 
 
 async def _sse(

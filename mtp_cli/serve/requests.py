@@ -72,6 +72,7 @@ class Sampling(Strict):
     json_schema: Optional[dict[str, Any]] = None  # (llama-server's)
     n_probs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # (llama-server's)
     post_sampling_probs: Optional[bool] = None  # (llama-server's: probabilities as the sampler chain drew)
+    verbose: Optional[bool] = None  # (llama-server's: `__verbose`, the prompt as decoded, beside the answer)
     # bookkeeping fields that change nothing in the output
     user: Optional[str] = None
     store: Optional[bool] = None

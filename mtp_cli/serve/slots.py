@@ -129,7 +129,7 @@ class SlotWorker:
         live = prep.stats if b.req.timings_per_token else None
         text = TextStream(job, b.req.stop_strings(), self.e._prob, b.held, live)
         self.slots[seq] = _Slot(b, text, taken, prep.stats)
-        job.emit(Started(len(b.prompt.tokens), prep.stats.n_cached, b.thinking))
+        job.emit(Started(len(b.prompt.tokens), prep.stats.n_cached, b.thinking, b.prompt_text))
 
     def _pick(self, job: Job) -> tuple[int, Begun]:
         """A free slot for the job, and the job readied there (its prompt is the slot's session's): one
