@@ -250,11 +250,16 @@ class Engine:
         self.finish(st, out, gen.stats)
 
     def opens_thinking(self, prompt: Prompt) -> bool:
-        """The prompt ends inside a thinking block its template opened: the answer begins with reasoning."""
-        return opens_thinking(self._decoded(prompt.tokens[-16:]))
+        """A chat prompt ends inside a thinking block its template opened: the answer begins with reasoning."""
+        return prompt.messages is not None and opens_thinking(self._decoded(prompt.tokens[-16:]))
 
     def _decoded(self, tokens: list[int]) -> str:
-        return lx.detokenize(self.rt.model, tokens, remove_special=False, unparse_special=True)
+        """Tokens as text, special ones spelled; ids past the vocabulary (refused later, when the
+        prompt is checked) left out: llama.cpp aborts on them."""
+        n = lx.n_vocab(self.rt.model)
+        return lx.detokenize(
+            self.rt.model, [t for t in tokens if 0 <= t < n], remove_special=False, unparse_special=True
+        )
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:
         """A job checked, its prompt (from `session`: what its memory holds) and its settings."""
