@@ -496,3 +496,35 @@ def test_per_request_penalties_and_bias_steer_the_drafts(served, tiny, monkeypat
     mtp, st = doc["mtp"], want["stats"]
     assert mtp["drafted_by_pos"] == st["drafted_at"] and mtp["accepted_by_pos"] == st["accepted_at"]
     assert sum(mtp["drafted_by_pos"]) == mtp["drafted"] > 0
+
+
+def test_the_command_listens_on_several_addresses_at_one_port(tiny):
+    """llama-server's `--host 127.0.0.1,::1`: one port on each address (the one given first names it)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("IPv6 loopback is unavailable")
+    cmd = [sys.executable, "-m", "mtp_cli", "serve", "-m", str(tiny["full"]), "--port", "0", "-c", str(N_CTX)]
+    proc = subprocess.Popen([*cmd, "--host", "127.0.0.1,::1", "-t", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "serving" not in line and proc.poll() is None:  # (a note may come first)
+            line = proc.stderr.readline()
+        m = re.search(r"at http://127\.0\.0\.1:(\d+)/v1", line)
+        assert m, line
+        for host in ("127.0.0.1", "::1"):
+            c = http.client.HTTPConnection(host, int(m.group(1)), timeout=30)
+            c.request("GET", "/health")
+            assert c.getresponse().status == 200
+            c.close()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()

@@ -24,7 +24,14 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     help="Target GGUF [default: the demo model, with --temp 0 and --repeat-penalty 1.1 unless given].",
 )
 @opt.draft_model(help="MTP sidecar (--spec-type mtp) or draft model (--spec-type draft).")
-@click.option("--host", default="127.0.0.1", show_default=True, envvar="LLAMA_ARG_HOST", show_envvar=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="LLAMA_ARG_HOST",
+    show_envvar=True,
+    help="Address to listen on; several, comma-separated (127.0.0.1,::1), share the port.",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, envvar="LLAMA_ARG_PORT")
 @click.option(
     "--api-key",
@@ -142,7 +149,7 @@ def serve(
     from mtp_cli.serve.api import Surface, create_app
     from mtp_cli.serve.engine import Engine
 
-    sock = _listen(host, port)  # (before the model loads: a busy port fails at once)
+    socks = _listen_all(host, port)  # (before the model loads: a busy port fails at once)
     if model is None:
         from mtp_cli.cli.demo_model import demo_file
 
@@ -156,7 +163,8 @@ def serve(
     engine.reasoning_format = reasoning_format
     engine.start()
     _request_log()
-    _say_serving(engine, f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1", webui)
+    first = socks[0].getsockname()
+    _say_serving(engine, f"http://{f'[{first[0]}]' if ':' in first[0] else first[0]}:{first[1]}/v1", webui)
     config = uvicorn.Config(
         create_app(engine, api_key, cors_origins, Surface(slots, metrics, set_props, webui)),
         log_level="warning",
@@ -171,10 +179,11 @@ def serve(
             super().handle_exit(sig, frame)
 
     try:
-        Server(config).run(sockets=[sock])
+        Server(config).run(sockets=socks)
     finally:
         engine.close()
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 def _say_serving(engine: Any, where: str, webui: bool) -> None:
@@ -198,6 +207,20 @@ def _request_log() -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+
+
+def _listen_all(hosts: str, port: int) -> list[socket.socket]:
+    """A listening socket on each of the comma-separated addresses, all on one port (the first's,
+    when port 0 lets the system choose), or one line saying which failed."""
+    socks: list[socket.socket] = []
+    try:
+        for host in [h.strip() for h in hosts.split(",") if h.strip()] or ["127.0.0.1"]:
+            socks.append(_listen(host, socks[0].getsockname()[1] if socks else port))
+    except UserError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
 
 
 def _listen(host: str, port: int) -> socket.socket:
