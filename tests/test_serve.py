@@ -499,7 +499,8 @@ def test_per_request_penalties_and_bias_steer_the_drafts(served, tiny, monkeypat
 
 
 def test_the_command_listens_on_several_addresses_at_one_port(tiny):
-    """llama-server's `--host 127.0.0.1,::1`: one port on each address (the one given first names it)."""
+    """llama-server's `--host 127.0.0.1,::1`: one port on each address (the one given first names it);
+    and its `-a` aliases (the first in sorted order answers) and `--tags`, listed in /v1/models."""
     import re
     import signal
     import subprocess
@@ -511,7 +512,8 @@ def test_the_command_listens_on_several_addresses_at_one_port(tiny):
     except OSError:
         pytest.skip("IPv6 loopback is unavailable")
     cmd = [sys.executable, "-m", "mtp_cli", "serve", "-m", str(tiny["full"]), "--port", "0", "-c", str(N_CTX)]
-    proc = subprocess.Popen([*cmd, "--host", "127.0.0.1,::1", "-t", "1"], stderr=subprocess.PIPE, text=True)
+    names = ["--host", "127.0.0.1,::1", "-a", "tiny-2, fim,code", "--tags", "chat,small"]
+    proc = subprocess.Popen([*cmd, *names, "-t", "1"], stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         line = ""
@@ -524,6 +526,11 @@ def test_the_command_listens_on_several_addresses_at_one_port(tiny):
             c.request("GET", "/health")
             assert c.getresponse().status == 200
             c.close()
+        c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30)
+        c.request("GET", "/v1/models")
+        model = json.loads(c.getresponse().read())["data"][0]
+        assert (model["id"], model["aliases"], model["tags"]) == ("code", ["code", "fim", "tiny-2"], ["chat", "small"])
+        c.close()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
     finally:

@@ -45,8 +45,10 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
     "--alias",
     envvar="LLAMA_ARG_ALIAS",
     show_envvar=True,
-    help="The model's name in the API [default: the file's name].",
+    help="The model's name in the API [default: the file's name]; several, comma-separated, are all "
+    "accepted and the first in sorted order is answered with.",
 )
+@click.option("--tags", default="", envvar="LLAMA_ARG_TAGS", help="Tags /v1/models lists, comma-separated.")
 @click.option(
     "--cors-origins",
     "cors_origins",
@@ -137,6 +139,7 @@ def serve(
     set_props: bool,
     webui: bool,
     reasoning_format: str,
+    tags: str,
     **opts: Any,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,
@@ -161,6 +164,7 @@ def serve(
     load = load_of(opts, base.spec_type)[0]
     engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None)
     engine.reasoning_format = reasoning_format
+    engine.tags = sorted({t.strip() for t in tags.split(",") if t.strip()})
     engine.start()
     _request_log()
     first = socks[0].getsockname()

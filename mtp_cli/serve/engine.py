@@ -79,7 +79,10 @@ class Engine:
 
     def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None, embeddings: Optional[str] = None):
         self.rt, self.base = rt, base
-        self.alias = alias or rt.model_path.name
+        # (llama-server's -a: comma-separated names; the first in sorted order is the one answered with)
+        self.aliases = sorted({a.strip() for a in (alias or "").split(",") if a.strip()})
+        self.alias = self.aliases[0] if self.aliases else rt.model_path.name
+        self.tags: list[str] = []  # (--tags: informational)
         self.reasoning_format = "auto"  # (--reasoning-format: a chat request's default)
         self.auto = AutoDraft(rt)
         self.startup: Resolved = self.auto.resolve(drafters.validated(base))  # a bad setting fails before serving
@@ -389,7 +392,8 @@ def _log(r: Record, spec_type: str) -> None:
 
 def model_info(engine: Engine) -> dict[str, Any]:
     """The /v1/models entry of the served model."""
-    return {"id": engine.alias, "object": "model", "created": engine.created, "owned_by": "mtp-cli"}
+    info = {"id": engine.alias, "object": "model", "created": engine.created, "owned_by": "mtp-cli"}
+    return {**info, "aliases": engine.aliases, "tags": engine.tags}
 
 
 def now() -> int:
