@@ -142,10 +142,10 @@ def serve(
     tags: str,
     **opts: Any,
 ) -> None:
-    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,
-    /v1/models, /v1/embeddings with --embeddings), Anthropic's (/v1/messages) and /health, drafting
-    with its MTP head; each response carries `usage` and an `mtp` object (drafted, accepted,
-    acceptance by position, tokens per pass, the N used). Needs: pip install 'mtp-cli[serve]'."""
+    """Serve MODEL over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models,
+    /v1/embeddings with --embeddings), Anthropic's (/v1/messages) and /health, drafting with its MTP head;
+    each response carries `usage` and `mtp` (drafted, accepted, by position, per pass, the N used).
+    Needs: pip install 'mtp-cli[serve]'."""
     from mtp_cli.serve import require_serve
 
     _, uvicorn = require_serve()
@@ -159,16 +159,13 @@ def serve(
         model = demo_file()
         opts = go.demo_settings(opts)
     base = go.gen_config(opts, model)
-    if opts["seed"] < 0:  # (each sampled request without a seed draws its own, and says it)
-        base = replace(base, seed=-1)
+    base = replace(base, seed=-1) if opts["seed"] < 0 else base  # (then each sampled request draws its own)
     load = load_of(opts, base.spec_type)[0]
     engine = Engine.load(model, base, alias, load=load, embeddings=pooling if embeddings else None)
-    engine.reasoning_format = reasoning_format
-    engine.tags = sorted({t.strip() for t in tags.split(",") if t.strip()})
+    engine.reasoning_format, engine.tags = reasoning_format, sorted({t.strip() for t in tags.split(",") if t.strip()})
     engine.start()
     _request_log()
-    first = socks[0].getsockname()
-    _say_serving(engine, f"http://{f'[{first[0]}]' if ':' in first[0] else first[0]}:{first[1]}/v1", webui)
+    _say_serving(engine, socks[0].getsockname(), webui)
     config = uvicorn.Config(
         create_app(engine, api_key, cors_origins, Surface(slots, metrics, set_props, webui)),
         log_level="warning",
@@ -190,10 +187,13 @@ def serve(
             sock.close()
 
 
-def _say_serving(engine: Any, where: str, webui: bool) -> None:
-    """The one line that says the server is up: the model, its drafting, its context, where."""
+def _say_serving(engine: Any, address: tuple[Any, ...], webui: bool) -> None:
+    """The one line that says the server is up: the model, its drafting, its context, where (the
+    first address listened on)."""
     from mtp_cli import drafters
 
+    host, port = address[0], address[1]
+    where = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
     res = engine.startup
     n = f"N={res.config.draft_n_max}" if res.mode == "fixed" else f"N {res.mode}"
     drafting = f"{res.config.spec_type} {n}" if drafters.drafting(res.config.spec_type) else "no drafting"

@@ -75,6 +75,7 @@ from mtp_cli.llama_ext.vocab import (
     is_eog,
     sampler_chain,
     sampler_sample,
+    spelled,
     token_text,
     tokenize,
     vocab_special,
@@ -82,6 +83,7 @@ from mtp_cli.llama_ext.vocab import (
 )
 
 __all__ = [
+    "spelled",
     "chat_apply_template",
     "chat_builtin_templates",
     "add_rpc_servers",

@@ -118,6 +118,13 @@ def detokenize(model: Model, tokens: list[int], *, remove_special: bool = True, 
     return buf.raw[:n].decode("utf-8", errors="replace")
 
 
+def spelled(model: Model, tokens: list[int]) -> str:
+    """Tokens as text with their special tokens spelled out; ids past the vocabulary left out
+    (llama.cpp aborts on them: a caller may hold ids no check has seen yet)."""
+    n = int(_C.llama_vocab_n_tokens(_C.llama_model_get_vocab(model)))
+    return detokenize(model, [t for t in tokens if 0 <= t < n], remove_special=False, unparse_special=True)
+
+
 def chat_builtin_templates() -> list[str]:
     """The names of llama.cpp's own chat templates (rendered by chat_apply_template, without Jinja)."""
     n = int(_C.llama_chat_builtin_templates(None, 0))

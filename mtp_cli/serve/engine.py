@@ -79,8 +79,7 @@ class Engine:
 
     def __init__(self, rt: Runtime, base: GenConfig, alias: Optional[str] = None, embeddings: Optional[str] = None):
         self.rt, self.base = rt, base
-        # (llama-server's -a: comma-separated names; the first in sorted order is the one answered with)
-        self.aliases = sorted({a.strip() for a in (alias or "").split(",") if a.strip()})
+        self.aliases = sorted({a.strip() for a in (alias or "").split(",") if a.strip()})  # (-a a,b: "a" answers)
         self.alias = self.aliases[0] if self.aliases else rt.model_path.name
         self.tags: list[str] = []  # (--tags: informational)
         self.reasoning_format = "auto"  # (--reasoning-format: a chat request's default)
@@ -254,15 +253,7 @@ class Engine:
 
     def opens_thinking(self, prompt: Prompt) -> bool:
         """A chat prompt ends inside a thinking block its template opened: the answer begins with reasoning."""
-        return prompt.messages is not None and opens_thinking(self._decoded(prompt.tokens[-16:]))
-
-    def _decoded(self, tokens: list[int]) -> str:
-        """Tokens as text, special ones spelled; ids past the vocabulary (refused later, when the
-        prompt is checked) left out: llama.cpp aborts on them."""
-        n = lx.n_vocab(self.rt.model)
-        return lx.detokenize(
-            self.rt.model, [t for t in tokens if 0 <= t < n], remove_special=False, unparse_special=True
-        )
+        return prompt.messages is not None and opens_thinking(lx.spelled(self.rt.model, prompt.tokens[-16:]))
 
     def begin(self, job: Job, session: Session, auto: Optional[AutoDraft] = None) -> Begun:
         """A job checked, its prompt (from `session`: what its memory holds) and its settings."""
@@ -272,7 +263,7 @@ class Engine:
         tools = self._tool_plan(req)
         prompt = self._prompt(req, tools, session)
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
-        shown = self._decoded(prompt.tokens) if getattr(req, "verbose", None) else None
+        shown = lx.spelled(self.rt.model, prompt.tokens) if getattr(req, "verbose", None) else None
         return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt), shown)
 
     def finish(self, b: Begun, out: Streamed, st: GenStats, slot: int = 0) -> None:
