@@ -16,6 +16,7 @@ from mtp_cli.cli import render
 from mtp_cli.cli.app import UserError, main
 from mtp_cli.cli.llama_flags import chat_template, kv_and_sampling, llama_compat, load_of, placement
 from mtp_cli.config import MAX_PARALLEL, LoadConfig
+from mtp_cli.serve.reasoning import FORMATS as REASONING_FORMATS
 
 
 @main.command()
@@ -108,7 +109,7 @@ from mtp_cli.config import MAX_PARALLEL, LoadConfig
 @click.option(
     "--reasoning-format",
     "reasoning_format",
-    type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"]),
+    type=click.Choice(REASONING_FORMATS),
     default="auto",
     show_default=True,
     envvar="LLAMA_ARG_THINK",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 OPEN, CLOSE = "<think>", "</think>"
-FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+FORMATS = ["none", "auto", "deepseek", "deepseek-legacy"]  # (the Literal below spells them again: typing needs it)
 Format = Literal["none", "auto", "deepseek", "deepseek-legacy"]
 
 
