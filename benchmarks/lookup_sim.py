@@ -107,7 +107,10 @@ class TwiceL(LookupDrafter):
         copy: list[int] = []
         for i in range(d):
             j = start + i
-            copy.append(h[j] if j < n else copy[j - n])
+            t = h[j] if j < n else copy[j - n]
+            if t in self.stop:
+                break
+            copy.append(t)
         return copy
 
 
@@ -152,6 +155,17 @@ def replay(
     return tokens, cost, steps, drafted
 
 
+def record(model: Path, edits: list[str], free: list[str], args) -> tuple[dict[str, Any], list[float], list[int]]:
+    """The greedy answers of both sets (plain decoding), v(d) on this machine, the end-of-generation ids."""
+    cfg = GenConfig(n_predict=args.n_predict, n_ctx=2048, n_threads=args.threads, temp=0.0, repeat_penalty=1.0)
+    with Runtime.load(model) as rt:
+        sets: dict[str, list[tuple[list[int], list[int]]]] = {}
+        for name, texts in (("edit", edits), ("free", free)):
+            toks = prompt_tokens(rt, texts, True)
+            sets[name] = [(t, [ev.token for ev in rt.generate(t, cfg)]) for t in toks]
+        return sets, measure_v(rt, sets["edit"][0][0], args.threads), lx.eog_tokens(rt.model)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", type=Path, default=None)
@@ -161,6 +175,7 @@ def main() -> None:
     ap.add_argument("--overhead", type=float, default=0.02, help="per-step Python cost, in plain tokens")
     ap.add_argument("--switch", type=float, default=0.0, help="a step whose batch differs from the last one's")
     ap.add_argument("--json", type=Path, default=Path("lookup_sim.json"))
+    ap.add_argument("--answers", type=Path, default=None, help="keep the answers and v here; reuse them if there")
     args = ap.parse_args()
     lx.quiet_logs()
     if args.model is None:
@@ -169,19 +184,19 @@ def main() -> None:
         args.model = demo_model()
     edits = json.loads(EDIT_PROMPTS.read_text())["prompts"]
     free = read_prompts(EVAL_PROMPTS)[:: max(1, 60 // args.free)][: args.free]
-    cfg = GenConfig(n_predict=args.n_predict, n_ctx=2048, n_threads=args.threads, temp=0.0, repeat_penalty=1.0)
-    with Runtime.load(args.model) as rt:
-        sets: dict[str, list[tuple[list[int], list[int]]]] = {}
-        for name, texts in (("edit", [p["prompt"] for p in edits]), ("free", free)):
-            toks = prompt_tokens(rt, texts, True)
-            sets[name] = [(t, [ev.token for ev in rt.generate(t, cfg)]) for t in toks]
-        v = measure_v(rt, sets["edit"][0][0], args.threads)
+    if args.answers is not None and args.answers.exists():
+        kept = json.loads(args.answers.read_text())
+        sets, v, stop = kept["sets"], kept["v"], kept["stop"]
+    else:
+        sets, v, stop = record(args.model, [p["prompt"] for p in edits], free, args)
+        if args.answers is not None:
+            args.answers.write_text(json.dumps({"sets": sets, "v": v, "stop": stop}))
     print("v(d): " + " ".join(f"{d}:{x:.2f}" for d, x in enumerate(v) if d in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)))
     o = args.overhead
     rules: dict[str, Any] = {
-        "lookup": lambda: LookupDrafter(Table(v)),
-        "one-rate": lambda: OneRate(Table(v)),
-        "2L": lambda: TwiceL(Table(v)),
+        "lookup": lambda: LookupDrafter(Table(v), stop=stop),
+        "one-rate": lambda: OneRate(Table(v), stop=stop),
+        "2L": lambda: TwiceL(Table(v), stop=stop),
     }
     out: dict[str, Any] = {"v": v, "overhead": o, "results": {}}
     print("| rule | " + " | ".join(sets) + " |")

@@ -1,21 +1,25 @@
 """What a verify pass costs on this machine, learned from the loop's own decodes (ARCHITECTURE §6).
 
-v(k) = the seconds of a target decode of k drafts + 1 token over those of a plain step (k = 0), as
-decayed means of what the verify loop measured; a drafter that chooses its own length (the text
-lookup) weighs the tokens a draft would give against v(k). Unmeasured k are interpolated between
-measured ones and extrapolated past the largest with the slope of the last two (PRIOR's before
-anything is measured: a 2-core x86 CPU's curve, where verification is dear, so a drafter starts
-cautious and measures its way to cheaper verification on a GPU).
+v(k) = the seconds of a target decode of k drafts + 1 token over those of a plain step (k = 0); a
+drafter that chooses its own length (the text lookup) weighs the tokens a draft would give against
+v(k). Each k's passes are kept as a decayed mean; v(k) for k >= 1 is the line a + b k fitted to
+those means by weighted least squares (a k's weight: how often it was measured, capped), with two
+pseudo-measurements of PRIOR's line (a 2-core x86 CPU's, where verification is dear: a drafter starts
+cautious and measures its way to cheaper verification on a GPU). One line, not each k's own mean: a
+few noisy passes of one length (a pass that rebuilt llama.cpp's graph, a busy neighbour) must not
+make the lengths past it look dear forever, since a length never drafted is never measured again.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from typing import Optional
 
 # v(k) = PRIOR_FIRST + PRIOR_SLOPE k for k >= 1 before measurements (the demo model on 2 vCPUs,
-# flash attention off, 100-400 positions: v(1), v(2), v(4), v(8), v(16) = 1.6-1.7, 1.7-1.9, 2.1-2.2,
-# 2.8, 4.4)
+# flash attention off, 100-400 positions: v(1), v(2), v(4), v(8), v(16) = 1.6-2.1, 1.7-2.3, 2.1-2.6,
+# 2.8-3.3, 4.4-5.2)
 PRIOR_FIRST, PRIOR_SLOPE = 1.45, 0.19
+PRIOR_AT = (1, 16)  # where the prior's pseudo-measurements sit (one weight each)
+WEIGHT_CAP = 16  # a k's weight in the fit at most: its passes' count
 COLD = 1.5  # a first pass of k dearer than this times what was expected of it is a cold one
 DECAY = 0.1  # weight of a new measurement in its k's mean (recent costs matter: the context grows)
 
@@ -25,8 +29,9 @@ class StepCosts:
 
     def __init__(self) -> None:
         self._t: dict[int, float] = {}  # k -> decayed mean seconds
-        self._ks: list[int] = []  # measured k >= 1, sorted
+        self._n: dict[int, int] = {}  # k -> passes measured (capped)
         self._tried: set[int] = set()  # k passed once at least
+        self._line: Optional[tuple[float, float]] = None  # (a, b) of the fit, until the next observe
 
     def observe(self, k: int, seconds: float) -> None:
         if seconds <= 0.0:
@@ -38,32 +43,33 @@ class StepCosts:
                 return  # (not taken as its cost: that would keep k from being drafted, and measured, again)
         old = self._t.get(k)
         self._t[k] = seconds if old is None else old + DECAY * (seconds - old)
-        if old is None and k > 0:
-            self._ks.insert(bisect_left(self._ks, k), k)
+        self._n[k] = min(self._n.get(k, 0) + 1, WEIGHT_CAP)
+        self._line = None
 
     def v(self, k: int) -> float:
         """A verify pass of k drafts relative to a plain step (1 at k = 0)."""
         if k <= 0:
             return 1.0
+        if self._line is None:
+            self._line = self._fit()
+        a, b = self._line
+        return a + b * k
+
+    def _fit(self) -> tuple[float, float]:
+        """(a, b): weighted least squares over the measured k >= 1 and the prior's points; b >= 0."""
         t0 = self._t.get(0)
-        ks = self._ks
-        if t0 is None or not ks:
-            return PRIOR_FIRST + PRIOR_SLOPE * k
-        if k in self._t:
-            return self._t[k] / t0
-        i = bisect_left(ks, k)
-        if 0 < i < len(ks):  # between two measured
-            lo, hi = ks[i - 1], ks[i]
-            return (self._t[lo] + (self._t[hi] - self._t[lo]) * (k - lo) / (hi - lo)) / t0
-        if i == 0:  # below the smallest measured: toward the prior's first step
-            hi = ks[0]
-            return min(self._t[hi] / t0, PRIOR_FIRST + PRIOR_SLOPE * k)
-        last = ks[-1]
-        slope = (self._t[last] - self._t[ks[-2]]) / (last - ks[-2]) / t0 if len(ks) > 1 else PRIOR_SLOPE
-        return self._t[last] / t0 + max(0.0, slope) * (k - last)
+        pts = [(float(k), PRIOR_FIRST + PRIOR_SLOPE * k, 1.0) for k in PRIOR_AT]
+        if t0:
+            pts += [(float(k), t / t0, float(self._n[k])) for k, t in self._t.items() if k > 0]
+        sw = sum(w for _, _, w in pts)
+        mx = sum(w * x for x, _, w in pts) / sw
+        my = sum(w * y for _, y, w in pts) / sw
+        sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
+        b = max(0.0, sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx)
+        return my - b * mx, b
 
     def measured(self) -> dict[int, float]:
-        """v(k) for every measured k (reports, tests)."""
+        """Each measured k's own mean relative to a plain step (reports, tests)."""
         t0 = self._t.get(0)
         return {k: t / t0 for k, t in sorted(self._t.items())} if t0 else {}
 

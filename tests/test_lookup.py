@@ -41,19 +41,35 @@ def steep() -> StepCosts:
     return c
 
 
-def test_costs_are_measured_interpolated_and_extrapolated():
+def test_costs_are_measured_and_fitted_by_a_line():
     c = StepCosts()
     assert c.v(0) == 1.0 and c.v(4) == pytest.approx(PRIOR_FIRST + 4 * PRIOR_SLOPE)  # nothing measured
-    c.observe(0, 0.010)
-    c.observe(2, 0.020)
-    c.observe(6, 0.030)
-    assert c.v(2) == pytest.approx(2.0) and c.v(4) == pytest.approx(2.5)  # between measured
-    assert c.v(10) == pytest.approx(4.0)  # past them: the last two's slope
-    assert c.v(1) <= 2.0  # below them: no dearer than the smallest measured
-    c.observe(2, 0.030)  # a new measurement moves the mean (decayed)
-    assert 2.0 < c.v(2) < 3.0
+    for _ in range(16):  # a machine whose passes cost 1 + 0.2 k, measured at three lengths
+        for k in (0, 2, 6):
+            c.observe(k, 0.010 * (1.0 + 0.2 * k))
+    for k in (2, 4, 6, 10, 20):  # measured, between, past: the line through them (the prior weighs little)
+        assert c.v(k) == pytest.approx(1.0 + 0.2 * k, rel=0.06)
+    assert c.measured()[2] == pytest.approx(1.4)
     c.observe(3, 0.0)  # (a zero time is no measurement)
     assert 3 not in c.measured()
+
+
+def test_a_few_dear_passes_of_one_length_do_not_make_longer_ones_dear():
+    """A length never drafted is never measured again: one noisy pass must not price every length
+    past it out (each k's own mean, extrapolated from the last two, did: the lookup then drafted 4
+    tokens at most for a whole run of copies)."""
+    c = StepCosts()
+    for _ in range(16):
+        c.observe(0, 0.010)
+        c.observe(4, 0.025)
+    c.observe(5, 0.035)  # one dear pass
+    assert c.v(8) < 3.5 and c.v(16) < 5.5
+    vs = [c.v(k) for k in range(1, 33)]
+    assert vs == sorted(vs)  # longer never cheaper
+    falling = StepCosts()
+    for k in range(8):
+        falling.observe(k, 0.010 * (2.0 - 0.1 * k) if k else 0.010)
+    assert [falling.v(k) for k in range(1, 9)] == sorted(falling.v(k) for k in range(1, 9))
 
 
 def test_a_cold_first_pass_of_a_length_is_not_its_cost():
@@ -64,8 +80,9 @@ def test_a_cold_first_pass_of_a_length_is_not_its_cost():
     c.observe(4, 0.020)
     c.observe(8, 0.200)  # (cold: 20 plain steps for what should cost about 3)
     assert c.v(8) < 4.0 and 8 not in c.measured()
+    before = c.v(8)
     c.observe(8, 0.150)  # (dear again: it is)
-    assert c.v(8) == pytest.approx(15.0)
+    assert c.measured()[8] == pytest.approx(15.0) and c.v(8) > before + 1.0
 
 
 def _drafter(costs: StepCosts, text: list[int]) -> LookupDrafter:
@@ -83,6 +100,21 @@ def test_a_long_verbatim_run_drafts_long_where_verification_is_cheap():
     d2 = _drafter(steep(), text)
     short = d2.draft(text[-1], len(text) - 1, 32)
     assert 0 < len(short) < len(out) and short == out[: len(short)]  # the same copy, as long as it pays
+
+
+def test_a_copy_ends_before_an_end_of_generation_token():
+    """Nothing after an end-of-generation token is ever generated, and the target gives that token
+    as its own: a copy stops before it (a quoted block's end in the prompt is followed by the
+    template's end of turn)."""
+    run_ = list(range(100, 120))
+    text = [1, *run_, 2, 50, 51, 9, *run_[:10]]
+    plain = _drafter(flat(), text).draft(text[-1], len(text) - 1, 16)
+    assert plain[:11] == [*run_[10:], 2]  # (without a stop set: through it)
+    d = LookupDrafter(flat(), stop=[2])
+    d.begin(text[:-1])
+    assert d.draft(text[-1], len(text) - 1, 16) == run_[10:]
+    d.begin([1, 5, 6, 2, 3, 5])
+    assert d.draft(6, 6, 8) == []  # (a copy that would start with one: nothing)
 
 
 def test_no_match_no_draft_and_a_short_match_drafts_less_than_a_long_one():

@@ -7,7 +7,9 @@ tokens), and what followed it there. The copy's first token is kept with probabi
 one (the one before it kept) with probability alpha: the track record of copies from matches of
 that length (decayed counts of kept and failed tokens, first and later apart, per doubling of the
 match length), starting from Laplace's rule of succession (after L agreeing tokens the next agrees
-with probability (L+1)/(L+2)). The first token is the risky one: where a short match goes wrong it
+with probability (L+1)/(L+2)). A copy ends before an end-of-generation token: nothing after one is
+ever generated, and the target gives it as its own next token anyway (a prompt's template suffix
+after a quoted block would otherwise be drafted long, and wrong). The first token is the risky one: where a short match goes wrong it
 goes wrong at once, and a copy that started right tends to go on. The draft length d maximizes the
 tokens a verify pass then gives, 1 + p (1 + alpha + ... + alpha^(d-1)), over what it costs, v(d)
 (mtp_cli.step_costs: measured here); no draft unless that beats a plain step. So a long verbatim run drafts long, a
@@ -17,9 +19,10 @@ short or unreliable match drafts little or nothing, and a step with no match cos
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
+from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters.base import ContextPlan, Drafter, Models
 from mtp_cli.errors import ConfigError
@@ -46,10 +49,11 @@ class LookupDrafter(Drafter):
     can_resume = True
     self_sized = True
 
-    def __init__(self, costs: Optional[StepCosts] = None, key: int = 2):
+    def __init__(self, costs: Optional[StepCosts] = None, key: int = 2, stop: Iterable[int] = ()):
         super().__init__()
         self.costs = costs if costs is not None else StepCosts()
         self.key = int(key)
+        self.stop = frozenset(int(t) for t in stop)  # a copy ends before these (end of generation)
         self.hist: list[int] = []
         self.index: dict[tuple[int, ...], deque[int]] = {}
         b = [1 << i for i in range(1, BUCKETS + 1)]  # each bucket's shortest match
@@ -66,7 +70,7 @@ class LookupDrafter(Drafter):
 
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> LookupDrafter:
-        return cls(plan.costs)
+        return cls(plan.costs, stop=lx.eog_tokens(models.target))
 
     def configure(self, cfg: GenConfig) -> None:
         self.key = cfg.ngram_min
@@ -135,7 +139,10 @@ class LookupDrafter(Drafter):
         n = len(h)
         for i in range(n_max):  # what followed, overlapping into the draft itself (LZ77-style)
             j = start + i
-            out.append(h[j] if j < n else out[j - n])
+            t = h[j] if j < n else out[j - n]
+            if t in self.stop:
+                break
+            out.append(t)
         d = self.length(*self.odds(L), len(out))
         if d:
             self._bucket, self._proposed = bucket(L), out[:d]
