@@ -1,19 +1,20 @@
 """Text lookup: drafts copied from where the text so far (prompt and output) last said what it says
 now, as long as the match and its track record make them worth verifying on this machine.
 
-Per step: the longest match of the text's end with an earlier place (every earlier occurrence of
-its last `ngram_min` tokens among the most recent CANDIDATES, extended backwards up to MATCH_CAP
+Per step: the longest match of the text's end with an earlier place (every earlier occurrence of its
+last `ngram_min` tokens among the most recent CANDIDATES, extended backwards up to MATCH_CAP
 tokens), and what followed it there. The copy's first token is kept with probability p, each later
-one (the one before it kept) with probability alpha: the track record of copies from matches of
-that length (decayed counts of kept and failed tokens, first and later apart, per doubling of the
-match length), starting from Laplace's rule of succession (after L agreeing tokens the next agrees
-with probability (L+1)/(L+2)). A copy ends before an end-of-generation token: nothing after one is
-ever generated, and the target gives it as its own next token anyway (a prompt's template suffix
-after a quoted block would otherwise be drafted long, and wrong). The first token is the risky one: where a short match goes wrong it
-goes wrong at once, and a copy that started right tends to go on. The draft length d maximizes the
-tokens a verify pass then gives, 1 + p (1 + alpha + ... + alpha^(d-1)), over what it costs, v(d)
-(mtp_cli.step_costs: measured here); no draft unless that beats a plain step. So a long verbatim run drafts long, a
-short or unreliable match drafts little or nothing, and a step with no match costs a dict look-up.
+one (the one before it kept) with probability alpha: the track record of copies from matches of that
+length (decayed counts of kept and failed tokens, first and later apart, per doubling of the match
+length), starting from Laplace's rule of succession (after L agreeing tokens the next agrees with
+probability (L+1)/(L+2)). A copy ends before an end-of-generation token: nothing after one is ever
+generated, and the target gives it as its own next token anyway (a prompt's template suffix after a
+quoted block would otherwise be drafted long, and wrong). The first token is the risky one: where a
+short match goes wrong it goes wrong at once, and a copy that started right tends to go on. The
+draft length d maximizes the tokens a verify pass then gives, 1 + p (1 + alpha + ... + alpha^(d-1)),
+over what it costs, v(d) (mtp_cli.step_costs: measured here); no draft unless that beats a plain
+step. So a long verbatim run drafts long, a short or unreliable match drafts little or nothing, and
+a step with no match costs a dict look-up.
 """
 
 from __future__ import annotations
