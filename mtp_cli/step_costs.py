@@ -8,6 +8,8 @@ pseudo-measurements of PRIOR's line (a 2-core x86 CPU's, where verification is d
 cautious and measures its way to cheaper verification on a GPU). One line, not each k's own mean: a
 few noisy passes of one length (a pass that rebuilt llama.cpp's graph, a busy neighbour) must not
 make the lengths past it look dear forever, since a length never drafted is never measured again.
+A plain step right after a verify pass rebuilds llama.cpp's graph (it keeps the last shape's only):
+what it costs over a plain step is the pass's, not plain decoding's.
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ class StepCosts:
         self._n: dict[int, int] = {}  # k -> passes measured (capped)
         self._tried: set[int] = set()  # k passed once at least
         self._line: Optional[tuple[float, float]] = None  # (a, b) of the fit, until the next observe
+        self._last = 0  # the k observed last
 
     def observe(self, k: int, seconds: float) -> None:
         if seconds <= 0.0:
             return
+        last, self._last = self._last, k
+        t0 = self._t.get(0)
+        if k == 0 and last > 0 and t0 is not None and last in self._t:  # (the pass's graph, undone)
+            extra = max(0.0, seconds - t0)
+            self._t[last] += extra if self._n[last] == 1 else DECAY * extra
+            self._line = None
+            return
         if k not in self._tried:  # a first pass of a new shape may be cold (a graph built, captured)
             self._tried.add(k)
-            t0 = self._t.get(0)
             if k > 0 and t0 is not None and seconds > COLD * self.v(k) * t0:
                 return  # (not taken as its cost: that would keep k from being drafted, and measured, again)
         old = self._t.get(k)

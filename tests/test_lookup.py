@@ -72,6 +72,18 @@ def test_a_few_dear_passes_of_one_length_do_not_make_longer_ones_dear():
     assert [falling.v(k) for k in range(1, 9)] == sorted(falling.v(k) for k in range(1, 9))
 
 
+def test_a_plain_step_after_a_verify_pass_charges_its_rebuild_to_the_pass():
+    """llama.cpp keeps one graph: the plain step after a pass of another shape builds its own again,
+    and that is what drafting cost, not what plain decoding costs."""
+    c = StepCosts()
+    for _ in range(16):
+        c.observe(0, 0.010)
+    for _ in range(60):
+        c.observe(4, 0.020)
+        c.observe(0, 0.013)
+    assert c.measured()[0] == pytest.approx(1.0) and c.measured()[4] == pytest.approx(2.3, rel=0.02)
+
+
 def test_a_cold_first_pass_of_a_length_is_not_its_cost():
     """A new batch shape's first pass may build (on a GPU, capture) its graph: one far dearer than
     expected is dropped, so that length is drafted, and measured, again; the next is its cost."""
