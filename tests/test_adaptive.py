@@ -15,7 +15,7 @@ from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.adaptive import PROBE_BUDGET, AdaptiveController
+from mtp_cli.speed.adaptive import PROBE_BUDGET, PROBE_STEPS, AdaptiveController
 from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
 from mtp_cli.speed.evidence import COST_DOUBT, Evidence
 from tests.speedkit import FLAT, _profile, greedy, run_cli, tokens
@@ -144,6 +144,26 @@ def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step)
         assert per < 0.02 * (in_step + 0.025)  # (plain steps in step, and the probes a good head earns)
 
 
+def test_a_head_that_cannot_pay_here_costs_little(monkeypatch):
+    """A head that hits 70% on a machine where every verify pass costs 2 plain steps and more (this
+    2-core CPU's kind): no N pays at any acceptance it may have, so it sleeps (staying in step
+    only keeps it fair for probes that are not coming) and is probed within the budget. Before: in
+    step half the time and probed 12 times in 3000 steps, 4.7% over plain decoding."""
+    slept = [0]
+
+    def cost(n: int, asleep: bool, shadow: bool) -> float:
+        if shadow:
+            return 0.02 * 1.2
+        if n:
+            return 0.02 * (2.0 + 0.3 * n)
+        slept[0] += asleep
+        return 0.02 * (1.0 if asleep else 1.02)
+
+    ctl = AdaptiveController(8)
+    per = simulate_timed(ctl, 0.7, 3000, cost, monkeypatch)
+    assert ctl.best == 0 and slept[0] > 0.8 * 3000 and per < 0.02 * 1.02
+
+
 def scripted(ctl: AdaptiveController, hits: list[bool], alpha: float, steps: int) -> int | None:
     """simulate() whose shadow steps first answer from `hits`; the first step drafting for real."""
     rng, script = random.Random(0), iter(hits)
@@ -195,8 +215,10 @@ def test_a_cost_measured_over_few_steps_is_doubted_when_choosing_a_probe():
 
 
 def test_a_probes_wait_counts_the_tokens_it_gave():
-    """A probe costs what it lost against the best setting for the tokens it gave (over RPC N = 2 costs
-    2 plain steps and gives 2.4 tokens): one that kept pace asks no wait, one that lost waits in proportion."""
+    """A probe costs what its steps lost against the best setting for the tokens they gave (over RPC
+    N = 2 costs 2 plain steps and gives 2.4 tokens): one that kept pace asks no wait, one that lost
+    waits in proportion, for all of its PROBE_STEPS (one step's loss was the budget's 1/4: on 2 cores
+    a head that could never pay was probed 12 times in 3000 steps, 4% of the time)."""
     ctl = AdaptiveController(2)
     ctl.ev.add_cost(0, 0.01, 200)  # plain decoding, the best
     ctl.ev.fold([0, 0, 100, 0], [30, 21, 49, 0])  # N = 2 drafted 100 times: 70 / 49 first / both right
@@ -204,7 +226,7 @@ def test_a_probes_wait_counts_the_tokens_it_gave():
     assert 2.1 < gives < 2.3
     assert ctl._probe_wait(2, 0.01 * gives) < 1.0
     dear = ctl._probe_wait(2, 0.03)
-    assert dear == pytest.approx((3.0 - gives) / PROBE_BUDGET, rel=0.01)
+    assert dear == pytest.approx(PROBE_STEPS * (3.0 - gives) / PROBE_BUDGET, rel=0.01)
 
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])

@@ -302,10 +302,12 @@ class AdaptiveController(DraftPolicy):
 
     def _may_sleep(self) -> bool:
         """Keeping an off drafter in step (its catch-up rows queued and decoded in batches: ~1% of a
-        small model's plain decoding) keeps the head's history, so probes see its real acceptance
-        (after a cold restart a head that attends over its history reads low). Worth it for a head
-        that looks useful, unless plain steps are so short that it shows (tiny models); a head that
-        hits less than SHADOW_RATE (or not yet probed) sleeps."""
+        small model's plain decoding, and the prompt's rows at each generation's start) keeps the
+        head's history, so probes see its real acceptance (after a cold restart a head that attends
+        over its history reads low). Worth it for a head that looks useful while a probe may come,
+        unless plain steps are so short that it shows (tiny models); a head that hits less than
+        SHADOW_RATE (or not yet probed) sleeps, and so does one that no N could make pay at the
+        acceptance it may have (its probe, when the bounds grow back, warms it up first)."""
         if self._may_sleep_forced is not None:
             return self._may_sleep_forced
         if not self.ev.measure:
@@ -314,7 +316,9 @@ class AdaptiveController(DraftPolicy):
         if c0 is None or c0 < SLEEP_BELOW:
             return True
         hit = self.ev.hit_rate(HIT_DOUBT)
-        return hit is None or hit < SHADOW_RATE or self._in_step_costly()
+        if hit is None or hit < SHADOW_RATE or self._in_step_costly():
+            return True
+        return self._probe_candidate(self.ev.throughput()) is None  # (no probe in sight: nothing to keep it fair for)
 
     @property
     def off_cost(self) -> list[Optional[float]]:
@@ -335,8 +339,9 @@ class AdaptiveController(DraftPolicy):
         return in_step is not None and asleep is not None and in_step > IN_STEP_MAX * asleep
 
     def _probe_wait(self, n: int, per: float) -> float:
-        """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time a
-        probe step lost against the best N for the tokens it gave (over RPC N = 2 costs 2 steps, gives 2.4)."""
+        """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time the
+        probe's steps lost against the best N for the tokens they gave (over RPC N = 2 costs 2 steps,
+        gives 2.4)."""
         base = self.ev.cost(self.best)
         if not base:
             return 0.0
@@ -348,7 +353,8 @@ class AdaptiveController(DraftPolicy):
             c = self.ev.costs[n]  # type: ignore[index]  # measure=False comes with costs
         acc = self.ev.acceptance()
         gives = 1.0 if self.shadow else 1.0 + sum(acc[:n])
-        return max(0.0, c / base - gives / (1.0 + sum(acc[: self.best]))) / PROBE_BUDGET
+        steps = SHADOW_STEPS if self.shadow else PROBE_STEPS  # (what the whole probe lost, not one step)
+        return steps * max(0.0, c / base - gives / (1.0 + sum(acc[: self.best]))) / PROBE_BUDGET
 
     def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
         """The N with the highest optimistic throughput, if that beats the best's estimate (an
