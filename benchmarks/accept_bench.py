@@ -15,7 +15,8 @@ Printed per setting and route: acceptance by draft position (accepted where draf
 drafts and tokens per verify pass, and each position's difference to the `plain` setting's; JSON
 is written too. `--explain` (library route) splits the first draft position in two: where the
 setting's edits changed the target's choice (its unedited argmax is not what it chose) and where
-they did not, with the acceptance at each.
+they did not, with the acceptance at each, and where changed and missed, how far down the head's
+edited row the target's choice was (its rank: 1 = the head's second choice).
 """
 
 from __future__ import annotations
@@ -74,40 +75,68 @@ def pooled(drafted: list[int], accepted: list[int], n_tokens: int, n_verify: int
 
 class Explain:
     """Counts, at each verify pass with a draft, whether the edits changed the target's choice at its
-    first row (the first draft's position) and whether that draft was kept (wraps Chooser.verify)."""
+    first row (the first draft's position) and whether that draft was kept (wraps Chooser.verify);
+    where they changed it and the draft was not kept, the rank of the target's choice in the head's
+    edited row (wraps DraftSteer.pick: its first row of the step): 1 = the head's second choice. A
+    head whose logits ranked the alternatives as the target's do would follow the edits; ranks far
+    down say the head does not know the runners-up, which no edit of its row can mend."""
+
+    RANKS = ("1", "2", "3-4", "5+")
 
     def __init__(self) -> None:
         self.counts = {"changed": [0, 0], "unchanged": [0, 0]}  # [drafted, kept]
+        self.ranks = dict.fromkeys(self.RANKS, 0)
+        self._row: Any = None  # the head's first edited row of this step
 
     def __enter__(self) -> Explain:
         from mtp_cli import sampling
 
         real = self.real = sampling.Chooser.verify
+        real_pick = self.real_pick = sampling.DraftSteer.pick
+
+        def pick(steer, row, p_min, probe):
+            tok = real_pick(steer, row, p_min, probe)
+            if self._row is None:
+                self._row = row.copy()  # (edited in place by the pick)
+            return tok
 
         def verify(chooser, ctx, rows, drafts, history, row0=0):
             unedited = int(rows[0].argmax())
             a, nxt = real(chooser, ctx, rows, drafts, history, row0)
+            head, self._row = self._row, None
             if drafts:
-                c = self.counts["changed" if unedited != (drafts[0] if a else nxt) else "unchanged"]
+                changed = unedited != (drafts[0] if a else nxt)
+                c = self.counts["changed" if changed else "unchanged"]
                 c[0] += 1
                 c[1] += a > 0
+                if changed and not a and head is not None and nxt < len(head):
+                    self.ranks[rank_bucket(int((head > head[nxt]).sum()))] += 1
             return a, nxt
 
         sampling.Chooser.verify = verify  # type: ignore[method-assign]
+        sampling.DraftSteer.pick = pick  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         from mtp_cli import sampling
 
         sampling.Chooser.verify = self.real  # type: ignore[method-assign]
+        sampling.DraftSteer.pick = self.real_pick  # type: ignore[method-assign]
 
     def summary(self) -> dict[str, Any]:
         (dc, kc), (du, ku) = self.counts["changed"], self.counts["unchanged"]
+        missed = sum(self.ranks.values())
         return {
             "pos1_changed_share": dc / (dc + du) if dc + du else 0.0,
             "pos1_kept_where_changed": kc / dc if dc else 0.0,
             "pos1_kept_elsewhere": ku / du if du else 0.0,
+            "pos1_missed_rank_shares": {k: v / missed for k, v in self.ranks.items()} if missed else {},
         }
+
+
+def rank_bucket(rank: int) -> str:
+    """Explain.RANKS' bucket of a rank (0 would be the head's own pick)."""
+    return "1" if rank <= 1 else "2" if rank == 2 else "3-4" if rank <= 4 else "5+"
 
 
 def library(model: Path, sidecar: Path | None, prompts: list[str], edits: dict[str, Any], args) -> dict[str, Any]:
@@ -285,9 +314,11 @@ def report(rows: list[dict[str, Any]], args, n_prompts: int) -> None:
         print("first draft position: share where the edits changed the target's choice; kept there / elsewhere")
         for r in rows:
             if "pos1_changed_share" in r:
+                ranks = ", ".join(f"{k}: {v:.2f}" for k, v in r["pos1_missed_rank_shares"].items())
                 print(
                     f"  {r['setting']}: {r['pos1_changed_share']:.3f}; "
                     f"{r['pos1_kept_where_changed']:.3f} / {r['pos1_kept_elsewhere']:.3f}"
+                    + (f"; missed there, the target's choice ranked in the head's row: {ranks}" if ranks else "")
                 )
 
 
