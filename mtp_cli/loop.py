@@ -143,6 +143,7 @@ class VerifyLoop:
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
         self.decoded = list(prompt)
+        self.costs.unobserved()  # (the prompt's decodes come first)
         # an off policy (asleep since the last generation, or a fresh controller): the drafters that
         # can sleep follow none of the prompt, and the target computes no h rows for them (woken,
         # they restart cold); the prompt's catch-up cost 2-3% of a short request here

@@ -55,6 +55,10 @@ class StepCosts:
         self._n[k] = min(self._n.get(k, 0) + 1, WEIGHT_CAP)
         self._line = None
 
+    def unobserved(self) -> None:
+        """A decode this does not see ran (a prompt's): the next pass follows it, not the last one seen."""
+        self._last = 0
+
     def v(self, k: int) -> float:
         """A verify pass of k drafts relative to a plain step (1 at k = 0)."""
         if k <= 0:

@@ -82,6 +82,10 @@ def test_a_plain_step_after_a_verify_pass_charges_its_rebuild_to_the_pass():
         c.observe(4, 0.020)
         c.observe(0, 0.013)
     assert c.measured()[0] == pytest.approx(1.0) and c.measured()[4] == pytest.approx(2.3, rel=0.02)
+    before = c.measured()[4]
+    c.unobserved()  # (a prompt was decoded in between: the next plain step follows it)
+    c.observe(0, 0.013)
+    assert c.measured()[4] < before  # (plain decoding's own mean took it, not the pass's)
 
 
 def test_a_cold_first_pass_of_a_length_is_not_its_cost():
