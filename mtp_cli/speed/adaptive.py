@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.speed.evidence import GAMMA_COST, Evidence
+from mtp_cli.speed.evidence import Evidence, OffCosts
 
 _now = time.perf_counter
 
@@ -119,7 +119,7 @@ class AdaptiveController(DraftPolicy):
         self.changes: list[tuple[int, int]] = []  # (step, new best N)
         # decayed seconds and steps of plain steps with the drafter kept in step / asleep: over RPC
         # the first fetch the target's h rows, a round trip per token
-        self._off_s, self._off_c = [0.0, 0.0], [0.0, 0.0]
+        self._off = OffCosts(WARM_STEPS / 2)  # (plain steps with the off drafter in step, and asleep)
 
     # -- the DraftPolicy interface ---------------------------------------------------------------
 
@@ -221,8 +221,8 @@ class AdaptiveController(DraftPolicy):
         against an asleep one, in windows of at most IN_STEP_WINDOW steps); the window's length."""
         was_asleep = self.sleep
         self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self.can_sleep and self._may_sleep()
-        asleep_cost = self.off_cost[1]
-        if self.sleep and not was_asleep and asleep_cost is not None and self._in_step_costly():
+        asleep_cost = self._off.per_step()[1]
+        if self.sleep and not was_asleep and asleep_cost is not None and self._off.costly(IN_STEP_MAX):
             self.ev.set_cost(0, asleep_cost)  # plain decoding is what an asleep drafter costs
         if self.n == 0 and not self.sleep and self._warm is None:
             window = min(window, IN_STEP_WINDOW)
@@ -239,7 +239,7 @@ class AdaptiveController(DraftPolicy):
             if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
                 self.ev.add_cost(n_win, per, steps)
             if n_win == 0:
-                self._add_off_cost(self.sleep, per, steps)
+                self._off.add(self.sleep, per, steps)
         self.steps += steps
         self._since += steps
         self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
@@ -323,27 +323,9 @@ class AdaptiveController(DraftPolicy):
         if c0 is None or c0 < SLEEP_BELOW:
             return True
         hit = self.ev.hit_rate(HIT_DOUBT)
-        if hit is None or hit < SHADOW_RATE or self._in_step_costly():
+        if hit is None or hit < SHADOW_RATE or self._off.costly(IN_STEP_MAX):
             return True
         return self._probe_candidate(self.ev.throughput()) is None  # (no probe in sight: nothing to keep it fair for)
-
-    @property
-    def off_cost(self) -> list[Optional[float]]:
-        """Seconds per plain step with the drafter kept in step, and asleep (None: not measured)."""
-        return [t / n if n >= WARM_STEPS / 2 else None for t, n in zip(self._off_s, self._off_c)]
-
-    def _add_off_cost(self, asleep: bool, per: float, steps: int) -> None:
-        g = GAMMA_COST**steps
-        self._off_s = [t * g for t in self._off_s]
-        self._off_c = [n * g for n in self._off_c]
-        self._off_s[asleep] += per * steps
-        self._off_c[asleep] += steps
-
-    def _in_step_costly(self) -> bool:
-        """Measured: an off drafter kept in step costs more than IN_STEP_MAX times an asleep one
-        (over a slow RPC link: the target's h rows fetched every token)."""
-        in_step, asleep = self.off_cost
-        return in_step is not None and asleep is not None and in_step > IN_STEP_MAX * asleep
 
     def _probe_wait(self, n: int, per: float) -> float:
         """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time the
