@@ -1,15 +1,17 @@
 """The text lookup's draft-length rules, replayed on recorded greedy answers with measured costs.
 
-    python benchmarks/lookup_sim.py [-m MODEL] [-n 128] [-t 2] [--overhead 0.02] [--json out.json]
+    python benchmarks/lookup_sim.py [-m MODEL] [-n 128] [-t 2] [--overhead 0.02] [--switch 0.15]
+                                    [--answers answers.json] [--json out.json]
 
 Greedy output does not depend on what is drafted (drafts are verified), so a rule can be replayed
 on the plain answers: each step the rule drafts from the text so far, the answer says how many of
 its tokens are kept, and the step costs v(d) + overhead plain tokens (v measured here on the same
 model and threads: a target decode of d+1 tokens against one, in steady blocks, medians), plus
 `--switch` plain tokens for a step whose batch differs from the last one's (llama.cpp rebuilds its
-graph then). The
-speed ratio of a rule is tokens / the steps' summed cost, against plain decoding's 1 + overhead a
-token; with no timing noise, rules can be compared at a glance. Rules:
+graph then). The speed ratio of a rule is tokens / the steps' summed cost, against plain
+decoding's 1 + overhead a token; with no timing noise, rules can be compared at a glance.
+`--answers FILE` keeps the recorded answers, v and the end-of-generation ids there (and reads them
+back when the file exists), so rules written later compare on the same data. Rules:
 
     lookup      mtp_cli.drafters.lookup as it is (first token and later ones apart, the track record)
     one-rate    the same with one rate for every token of a copy (first and later counts pooled)
