@@ -157,6 +157,15 @@ def test_settings_within_a_few_percent_do_not_make_it_switch_back_and_forth():
     assert switches < 25
 
 
+def test_the_switching_margin_never_holds_a_setting_slower_than_plain_decoding():
+    ctl = AdaptiveController(3)
+    ctl.best = 2
+    ctl._update_best([1.0, None, 1.01, 1.02], 2)  # (N = 3 only 1% better: N = 2 stays)
+    assert ctl.best == 2
+    ctl._update_best([1.0, None, 0.99, 1.01], 2)  # (N = 2 now below plain decoding: the better N takes over)
+    assert ctl.best == 3
+
+
 def test_a_head_that_cannot_pay_here_costs_little(monkeypatch):
     """A head that hits 70% on a machine where every verify pass costs 2 plain steps and more (this
     2-core CPU's kind): no N pays at any acceptance it may have, so it sleeps (staying in step

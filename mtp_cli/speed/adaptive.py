@@ -248,8 +248,12 @@ class AdaptiveController(DraftPolicy):
         old = self.best
         cands = [n for n in range(self.n_max + 1) if thr[n] is not None]
         best = max(cands, key=lambda n: thr[n]) if cands else old  # type: ignore[arg-type,return-value]
-        t_old = thr[old]
-        if best and old and best != old and t_old is not None and thr[best] < SWITCH_MARGIN * t_old:  # type: ignore[operator]
+        t_old, t_new, t_plain = thr[old], thr[best], thr[0]
+        if t_old is None or t_new is None or not (best and old):
+            close = False
+        else:  # (never held below plain decoding)
+            close = t_new < SWITCH_MARGIN * t_old and (t_plain is None or t_old >= t_plain)
+        if close:
             best = old  # (a few steps' noise between two close N: switching costs graph rebuilds)
         if best != old:
             self.best = best
