@@ -120,10 +120,11 @@ def simulate_timed(ctl: AdaptiveController, alpha: float, steps: int, cost, monk
 
 
 @pytest.mark.parametrize("in_step", [1.01, 1.33])
-def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step):
-    """A good head on a slow RPC link where drafting still loses (every draft step 2.3x a plain one)
-    and an off drafter kept in step pays the h rows' round trip (1.33x): measured, it sleeps, and
-    plain decoding's cost is the asleep one's. Where staying in step is ~free it stays in step."""
+def test_an_off_drafter_sleeps_whatever_staying_in_step_costs(monkeypatch, in_step):
+    """A good head on a slow RPC link where drafting still loses (every draft step 2.3x a plain one):
+    off, it sleeps but for the probes' warm-ups, whether an off drafter kept in step pays the h rows'
+    round trip (1.33x) or almost nothing (1.01x: over RPC at 0 ms one noisy window said so, and the
+    head stayed in step for a whole run at 0.94x plain)."""
 
     slept = [0]
 
@@ -138,10 +139,7 @@ def test_off_drafter_sleeps_where_keeping_it_in_step_costs(monkeypatch, in_step)
     ctl = AdaptiveController(8)
     per = simulate_timed(ctl, 0.7, 3000, cost, monkeypatch)
     assert ctl.best == 0 and ctl.n_shadow + ctl.n_probes >= 2
-    if in_step > 1.03:  # ~plain decoding, asleep (but for the probes' warm-ups)
-        assert slept[0] > 0.9 * 3000 and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02
-    else:
-        assert per < 0.02 * (in_step + 0.025)  # (plain steps in step, and the probes a good head earns)
+    assert slept[0] > 0.9 * 3000 and per < 0.02 * 1.06 and ctl.cost(0) < 0.02 * 1.02
 
 
 def test_settings_within_a_few_percent_do_not_make_it_switch_back_and_forth():

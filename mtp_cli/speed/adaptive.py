@@ -19,15 +19,13 @@ machine where drafting cannot pay at any acceptance stops probing; a head that b
 found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
 step: a head restarted cold has no history to attend over and judges itself low.
 
-While off, `sleep` is set unless the head looks useful (hit rate >= SHADOW_RATE) and plain steps
-are long enough (>= SLEEP_BELOW): the loop then stops calling a drafter that can resume cold
-(the MTP drafter restarts its context at the current position, without the history before it:
-an off controller costs plain decoding plus a counter); otherwise the off drafter stays in step
-(~1% of a small model's decoding: its catch-up rows decoded in batches) and keeps its history,
-which heads that attend over it need to be judged fairly, unless measured to cost more than
-IN_STEP_MAX times an asleep drafter's plain steps (over a slow RPC link the target's h rows, which
-only a drafter in step reads, are one more round trip per token: the loop stops computing them while
-the drafter sleeps).
+While off, `sleep` is set: the loop stops calling a drafter that can resume cold (the MTP drafter
+restarts its context at the current position, without the history before it), so an off controller
+costs plain decoding plus a counter. Kept in step, an off drafter cost ~1% of a small model's
+decoding (its catch-up rows) and, over RPC, the target's h rows: one more round trip per token, 7%
+at 1 ms and 30% at 5 ms. That bought a probe a head with its whole history, which the warm-up
+before each probe nearly gives too; judged by measuring both, one noisy window kept it in step for
+good (over RPC at 0 ms: 282 steps in step, 0.94x plain, against 0.99x asleep).
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.speed.evidence import Evidence, OffCosts
+from mtp_cli.speed.evidence import Evidence
 
 _now = time.perf_counter
 
@@ -59,10 +57,7 @@ SHADOW_STEPS = 4  # a shadow probe's steps (over RPC one early miss kept an 86% 
 HIT_DOUBT = 1.0  # one miss more than seen, where a hit rate decides: one hit in a shadow probe's 4 is no useful head
 # an asleep head follows this many plain steps before a probe (cold, the demo's first draft hit 17%; 54% after 8)
 WARM_STEPS = 8
-SLEEP_BELOW = 0.002  # seconds per plain step: below this, an off drafter sleeps (skips steps, restarts cold)
 PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
-IN_STEP_MAX = 1.03  # an off drafter kept in step costing more than this times an asleep one's steps sleeps
-IN_STEP_WINDOW = 16  # steps: the longest window an off drafter stays in step before that is looked at again
 
 
 class AdaptiveController(DraftPolicy):
@@ -71,7 +66,7 @@ class AdaptiveController(DraftPolicy):
     costs: relative step costs by N (costs[0] = plain decoding). With measure=False they replace
     measurement entirely (deterministic decisions, for tests and what-if studies); with
     measure=True they only shape the cost of settings not yet measured (e.g. a tuned cost model).
-    may_sleep: None = when plain steps are shorter than SLEEP_BELOW; True / False to force.
+    may_sleep: False keeps an off drafter in step (for tests of the drafters' catch-up).
     """
 
     def __init__(
@@ -81,7 +76,7 @@ class AdaptiveController(DraftPolicy):
         costs: Optional[Sequence[float]] = None,
         measure: bool = True,
         start: int = 0,
-        may_sleep: Optional[bool] = None,
+        may_sleep: bool = True,
     ):
         if n_max < 1:
             raise ConfigError("`n_max` must be >= 1")
@@ -91,12 +86,12 @@ class AdaptiveController(DraftPolicy):
             raise ConfigError("measure=False needs costs")
         super().__init__(n_max)
         self.ev = Evidence(n_max, costs, measure)
-        self._may_sleep_forced = may_sleep
+        self.may_sleep = may_sleep
         self._nk = [0] * (n_max + 2)  # this window: steps by drafted count k >= 1
         self._na = [0] * (n_max + 2)  # ... by accepted count a >= 1
         start = max(0, min(int(start), n_max))
         self.n = self.best = start  # N for the current window; the best setting so far
-        self.sleep = start == 0 and may_sleep is not False
+        self.sleep = start == 0 and may_sleep
         self.shadow = False
         self.quiet = 0  # steps step() answers without looking (drafting off, nothing to count)
         self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
@@ -117,9 +112,6 @@ class AdaptiveController(DraftPolicy):
         self.steps_at = [0] * (n_max + 1)  # steps run at each N (requested: the loop may draft fewer near the end)
         self.n_probes = self.n_shadow = self.n_switches = self.steps = 0
         self.changes: list[tuple[int, int]] = []  # (step, new best N)
-        # decayed seconds and steps of plain steps with the drafter kept in step / asleep: over RPC
-        # the first fetch the target's h rows, a round trip per token
-        self._off = OffCosts(WARM_STEPS / 2)  # (plain steps with the off drafter in step, and asleep)
 
     # -- the DraftPolicy interface ---------------------------------------------------------------
 
@@ -217,15 +209,8 @@ class AdaptiveController(DraftPolicy):
         return self._next_window(self._off_window(self._next_setting(thr)), t_consumer, total)
 
     def _off_window(self, window: int) -> int:
-        """Whether an off drafter sleeps (decided again every window: one kept in step is measured
-        against an asleep one, in windows of at most IN_STEP_WINDOW steps); the window's length."""
-        was_asleep = self.sleep
-        self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self.can_sleep and self._may_sleep()
-        asleep_cost = self._off.per_step()[1]
-        if self.sleep and not was_asleep and asleep_cost is not None and self._off.costly(IN_STEP_MAX):
-            self.ev.set_cost(0, asleep_cost)  # plain decoding is what an asleep drafter costs
-        if self.n == 0 and not self.sleep and self._warm is None:
-            window = min(window, IN_STEP_WINDOW)
+        """Whether an off drafter sleeps (but in a probe's warm-up); the window's length."""
+        self.sleep = self.best == 0 and self.n == 0 and self._warm is None and self.can_sleep and self.may_sleep
         return max(window, 1)
 
     def _observe(self, steps: int, n_win: int, per: float) -> None:
@@ -238,8 +223,6 @@ class AdaptiveController(DraftPolicy):
         if self.ev.measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
             if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
                 self.ev.add_cost(n_win, per, steps)
-            if n_win == 0:
-                self._off.add(self.sleep, per, steps)
         self.steps += steps
         self._since += steps
         self.steps_at[0 if self.shadow else n_win] += steps  # a shadow step verifies one token
@@ -310,26 +293,6 @@ class AdaptiveController(DraftPolicy):
         self._t0, self._tc0 = _now(), t_consumer
         self._f_steps, self._f_time = 0, 0.0
         return self.n
-
-    def _may_sleep(self) -> bool:
-        """Keeping an off drafter in step (its catch-up rows queued and decoded in batches: ~1% of a
-        small model's plain decoding, and the prompt's rows at each generation's start) keeps the
-        head's history, so probes see its real acceptance (after a cold restart a head that attends
-        over its history reads low). Worth it for a head that looks useful while a probe may come,
-        unless plain steps are so short that it shows (tiny models); a head that hits less than
-        SHADOW_RATE (or not yet probed) sleeps, and so does one that no N could make pay at the
-        acceptance it may have (its probe, when the bounds grow back, warms it up first)."""
-        if self._may_sleep_forced is not None:
-            return self._may_sleep_forced
-        if not self.ev.measure:
-            return True
-        c0 = self.ev.cost(0)
-        if c0 is None or c0 < SLEEP_BELOW:
-            return True
-        hit = self.ev.hit_rate(HIT_DOUBT)
-        if hit is None or hit < SHADOW_RATE or self._off.costly(IN_STEP_MAX):
-            return True
-        return self._probe_candidate(self.ev.throughput()) is None  # (no probe in sight: nothing to keep it fair for)
 
     def _probe_wait(self, n: int, per: float) -> float:
         """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time the

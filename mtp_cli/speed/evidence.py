@@ -5,8 +5,7 @@
 - acc[i]: P(the first i+1 drafts are accepted | drafted), decayed counts (GAMMA_ACC) plus
   PRIOR_WEIGHT pseudo-counts of the geometric continuation from i-1 (of 0 at i = 0: drafting is
   switched on by evidence only);
-- E(N) = 1 + sum_{i<N} acc[i] tokens per step; throughput(N) = E(N) / cost[N];
-- OffCosts: plain steps with the off drafter kept in step against asleep (whether staying costs).
+- E(N) = 1 + sum_{i<N} acc[i] tokens per step; throughput(N) = E(N) / cost[N].
 
 Optimistic estimates, for probing: acceptance upper bounds (A+1)/(D+1), which grow back as evidence
 decays (continued geometrically past positions without evidence); for an unmeasured N a cost
@@ -74,12 +73,6 @@ class Evidence:
             C[i] *= g
         S[n] += per * steps
         C[n] += steps
-
-    def set_cost(self, n: int, per: float) -> None:
-        """N = n's cost is `per` seconds per step from now on (its evidence's weight kept)."""
-        if self.C[n] < MIN_WEIGHT:
-            self.C[n] = 1.0
-        self.S[n] = per * self.C[n]
 
     # -- estimates ---------------------------------------------------------------------------------
 
@@ -149,34 +142,8 @@ class Evidence:
         return c1 * (1.0 + 0.1 * (n - j1))
 
 
-class OffCosts:
-    """Decayed seconds per plain step of an off drafter kept in step (its catch-up rows, the target's h
-    rows: over a slow RPC link a round trip a token) and asleep: [in step, asleep]."""
-
-    def __init__(self, min_steps: float):
-        self.min_steps = min_steps  # steps behind a figure before it counts
-        self._s, self._c = [0.0, 0.0], [0.0, 0.0]
-
-    def add(self, asleep: bool, per: float, steps: int) -> None:
-        g = GAMMA_COST**steps
-        self._s = [t * g for t in self._s]
-        self._c = [n * g for n in self._c]
-        self._s[asleep] += per * steps
-        self._c[asleep] += steps
-
-    def per_step(self) -> list[Optional[float]]:
-        """[in step, asleep] seconds per step (None: not measured)."""
-        return [t / n if n >= self.min_steps else None for t, n in zip(self._s, self._c)]
-
-    def costly(self, ratio: float) -> bool:
-        """Measured: in step costs more than `ratio` times asleep."""
-        in_step, asleep = self.per_step()
-        return in_step is not None and asleep is not None and in_step > ratio * asleep
-
-
 __all__ = [
     "Evidence",
-    "OffCosts",
     "COST_DOUBT",
     "GAMMA_ACC",
     "GAMMA_COST",
