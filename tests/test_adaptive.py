@@ -234,26 +234,6 @@ def test_a_cost_measured_over_few_steps_is_doubted_when_choosing_a_probe():
     assert ev.cost_optimistic(0, measured) > 0.01 * (1 - COST_DOUBT / 10)
 
 
-def test_a_drafting_ns_cost_is_read_off_the_line_through_every_measured_n():
-    """Over RPC a step at N costs a round trip plus N head decodes and N + 1 target rows: a line. A
-    few dear steps at N = 3 (a slow round trip) must not price it below N = 2 while N = 2 and 4, well
-    measured, say it is cheaper; the line's slope is never negative (a plain step is measured apart)."""
-    ev = Evidence(4, None, True)
-    ev.add_cost(0, 0.020, 100)
-    for n in (1, 2, 4):
-        ev.add_cost(n, 0.030 + 0.005 * n, 40)
-    ev.add_cost(3, 0.060, 3)  # (true: 0.045)
-    assert abs(ev.cost(3) - 0.045) < 0.002 and ev.cost(0) == pytest.approx(0.020)
-    assert abs(ev.cost(2) - 0.040) < 0.001
-    flat = Evidence(2, None, True)
-    flat.add_cost(1, 0.05, 10)
-    flat.add_cost(2, 0.04, 10)
-    assert flat.cost(1) == pytest.approx(0.045, rel=0.01) and flat.cost(2) == flat.cost(1)
-    one = Evidence(2, None, True)
-    one.add_cost(2, 0.04, 5)
-    assert one.cost(2) == pytest.approx(0.04) and one.cost(1) is None
-
-
 def test_a_probes_wait_counts_the_tokens_it_gave():
     """A probe costs what its steps lost against the best setting for the tokens they gave (over RPC
     N = 2 costs 2 plain steps and gives 2.4 tokens): one that kept pace asks no wait, one that lost

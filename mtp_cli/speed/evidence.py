@@ -82,30 +82,10 @@ class Evidence:
         return self.A[0] / (self.D[0] + doubt) if self.D[0] > 0.0 else None
 
     def cost(self, n: int) -> Optional[float]:
-        """Measured seconds (or relative units, with measure=False) per step at N, or None. A drafting
-        N's is read off the line through every drafting N measured (see _line)."""
+        """Measured seconds (or relative units, with measure=False) per step at N, or None."""
         if not self.measure:
             return self.costs[n]  # type: ignore[index]  # measure=False comes with costs
-        if self.C[n] < MIN_WEIGHT:
-            return None
-        own = self.S[n] / self.C[n]
-        line = self._line() if n else None
-        return max(line[0] + line[1] * n, 0.5 * own) if line else own
-
-    def _line(self) -> Optional[tuple[float, float]]:
-        """(a, b) of cost = a + b N fitted by least squares to the measured drafting N's means, each
-        weighted by its decayed steps; b >= 0; None with fewer than two N measured. (Over RPC, 2
-        servers, 5 ms: N = 3 beat N = 2 by 7-10%, yet a few dear steps at N = 3 moved the best back
-        to N = 2; a step at N costs a round trip, N head decodes and N + 1 target rows: a line.)"""
-        pts = [(n, self.S[n] / self.C[n], self.C[n]) for n in range(1, self.n_max + 1) if self.C[n] >= MIN_WEIGHT]
-        if len(pts) < 2:
-            return None
-        sw = sum(w for _, _, w in pts)
-        mx = sum(w * x for x, _, w in pts) / sw
-        my = sum(w * y for _, y, w in pts) / sw
-        sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
-        b = max(0.0, sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx)
-        return my - b * mx, b
+        return self.S[n] / self.C[n] if self.C[n] >= MIN_WEIGHT else None
 
     def acceptance(self) -> list[float]:
         """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1."""
