@@ -269,7 +269,7 @@ def test_adaptive_greedy_equals_plain(models, arch):
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
         # mostly shadow probes (a lucky hit earns a real one), each after a warm-up with the head in step
         assert ctl.n_shadow >= 2 and ctl.n_probes <= 3 and ctl.best == 0 and ctl.steps_at[0] > 0.8 * sum(ctl.steps_at)
-        # off but kept in step (what longer plain steps get): same tokens
+        # off but kept in step (may_sleep=False: the drafters' catch-up path): same tokens
         ctl = AdaptiveController(4, costs=FLAT[:5], measure=False, may_sleep=False)
         assert tokens(rt, prompt, greedy(n_predict=120, spec_type="mtp"), "adaptive", ctl) == ref
         assert ctl.n_shadow >= 2 and not ctl.sleep

@@ -142,12 +142,4 @@ class Evidence:
         return c1 * (1.0 + 0.1 * (n - j1))
 
 
-__all__ = [
-    "Evidence",
-    "COST_DOUBT",
-    "GAMMA_ACC",
-    "GAMMA_COST",
-    "MIN_WEIGHT",
-    "PRIOR_WEIGHT",
-    "SLOPE_OPTIMISM",
-]
+__all__ = ["Evidence", "COST_DOUBT", "GAMMA_ACC", "GAMMA_COST", "MIN_WEIGHT", "PRIOR_WEIGHT", "SLOPE_OPTIMISM"]
