@@ -4,6 +4,7 @@ it, and what the last generation left in its memory."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -79,6 +80,8 @@ class Contexts:
     n_ctx: int  # usable positions per sequence (the smallest of the request and every context's actual size)
     drafters: dict[tuple[str, int], Drafter] = field(default_factory=dict)
     held: dict[int, Held] = field(default_factory=dict)  # by sequence: what its last generation left in memory
+    # by sequence, while it generates: the prompt tokens its memory holds so far (VerifyLoop.settled)
+    live: dict[int, Callable[[], Sequence[int]]] = field(default_factory=dict)
     costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
 
     @classmethod
@@ -96,6 +99,12 @@ class Contexts:
         fa = "llama.cpp's auto" if on is None else "on" if on else "off"
         log.info("target context: %d positions, %d sequence(s), flash attention %s", key.n_ctx, key.n_seq, fa)
         return cls(key, tgt, min(key.n_ctx // key.n_seq, lx.n_ctx_seq(tgt)))
+
+    def offers(self, seq: int) -> dict[int, Sequence[int]]:
+        """What every other sequence's memory is known to hold, by sequence (memory.borrowed)."""
+        out: dict[int, Sequence[int]] = {s: h.tokens for s, h in self.held.items() if s != seq}
+        out.update((s, f()) for s, f in self.live.items() if s != seq)
+        return out
 
     def drafter(self, cls: type[Drafter], seq: int, models: Models) -> Drafter:
         """The drafter of `cls` following sequence `seq` on these contexts, created once (a chain

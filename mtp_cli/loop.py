@@ -94,6 +94,8 @@ class VerifyLoop:
         self.h_on: Optional[bool] = None  # the target computes its h rows (nextn embeddings) for its decodes
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
+        self._prompt: Optional[np.ndarray] = None  # while prefilling: the prompt; positions _p0.. to decode
+        self._p0 = 0
         self.suspended = False  # at a yield: a generation closed there leaves a known memory
         self.progress: Optional[Callable[[int, int], None]] = None  # (prompt positions done, of how many)
 
@@ -139,6 +141,8 @@ class VerifyLoop:
             lx.memory_seq_clear(tgt, self.seq)
             d.begin(prompt)
         else:
+            if reuse.donor is not None:  # (a prefix another sequence holds: memory.borrowed)
+                lx.memory_seq_copy(tgt, reuse.donor, self.seq)
             if reuse.rewound and not lx.memory_seq_rm(tgt, self.seq, keep, -1):
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
             d.resume(prompt, keep, reuse.asleep, reuse.rewound)
@@ -151,7 +155,7 @@ class VerifyLoop:
         if self.asleep and isinstance(d, Chain):
             d.sleeping = True
         self._h_rows(not self.asleep)
-        self._prompt: Optional[np.ndarray] = np.asarray(prompt, dtype=np.int32)
+        self._prompt = np.asarray(prompt, dtype=np.int32)
         self._p0 = keep
         if self.progress is not None:
             self.progress(keep, len(prompt))
@@ -160,6 +164,10 @@ class VerifyLoop:
     @property
     def prefilling(self) -> bool:
         return self._prompt is not None
+
+    def settled(self) -> Sequence[int]:
+        """The prompt tokens the target's memory holds so far (another sequence may copy them in)."""
+        return self.decoded[: self._p0 if self.prefilling else self.stats.n_prompt]
 
     def fill(self, batch: lx.Batch) -> bool:
         """Add this loop's rows for the next decode: a chunk of the prompt (as much as n_batch and the

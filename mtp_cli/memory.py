@@ -3,12 +3,15 @@
 A finished generation leaves its prompt and the tokens it decoded in the target's memory (Held); the
 next one on the same contexts keeps the longest prefix its prompt shares with them (Reuse) and
 decodes only the rest: the next turn of a chat, a regenerated answer, an edited last turn, a shared
-system prompt. mtp_cli.session maps chat messages and completion texts onto these tokens.
+system prompt. mtp_cli.session maps chat messages and completion texts onto these tokens. With
+several sequences (slots), a prompt may instead start from a prefix another sequence holds, copied
+in (`borrowed`): a system prompt or a document every conversation shares is read once, not once per
+slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,10 +27,11 @@ class Reuse:
     keep: int  # prompt[:keep] sits at positions 0..keep-1
     held: int  # positions the memory holds: keep..held-1 are dropped before the rest is decoded
     asleep: bool  # the drafter ended that generation skipped (policy.sleep)
+    donor: Optional[int] = None  # the sequence whose memory is copied in first (its prefix is what is kept)
 
     @property
     def rewound(self) -> bool:
-        return self.held > self.keep
+        return self.held > self.keep or self.donor is not None
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,29 @@ class Held:
         return Reuse(n, len(self.tokens), self.asleep)
 
 
+# tokens a prefix another sequence holds must add to what a sequence keeps of its own to be copied in:
+# the copy is of the donor's whole sequence (llama.cpp copies a split cache's stream whole), which for
+# the demo's 1024-cell slots cost about one prompt row on a 2-core AMD EPYC (ARCHITECTURE §9)
+COPY_GAIN = 8
+
+
+def borrowed(
+    prompt: Sequence[int], own: Optional[Reuse], offers: Mapping[int, Sequence[int]], d: Drafter, recurrent: bool
+) -> Optional[Reuse]:
+    """The longest prefix of `prompt` that another sequence's memory holds (`offers`: by sequence,
+    the tokens it holds), to be copied in, if it beats what the sequence keeps of its own by
+    COPY_GAIN tokens; None otherwise. The drafter resumes cold after it (asleep: whatever memory of
+    its own it has follows the old tokens); a recurrent state cannot drop the donor's tail."""
+    if recurrent or not d.can_resume or not offers:
+        return None
+    shared = {s: min(common_prefix(t, prompt), len(prompt) - 1) for s, t in offers.items()}
+    donor = max(shared, key=lambda s: shared[s])
+    n = shared[donor]
+    if n < (own.keep if own else 0) + COPY_GAIN:
+        return None
+    return Reuse(n, n, True, donor)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):
@@ -58,4 +85,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(np.argmax(np.asarray(a[:n]) != np.asarray(b[:n])))
 
 
-__all__ = ["Held", "Reuse", "common_prefix"]
+__all__ = ["Held", "Reuse", "borrowed", "common_prefix", "COPY_GAIN"]

@@ -33,7 +33,7 @@ from mtp_cli.drafters import Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
 from mtp_cli.loop import VerifyLoop
-from mtp_cli.memory import Held, Reuse
+from mtp_cli.memory import Held, Reuse, borrowed
 from mtp_cli.model_files import check_kv, open_model_file, open_target_file
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import verify_sampled
@@ -137,15 +137,8 @@ class Runtime:
                 overrides=overrides,
                 devices=devices,
             )
-            log.info(
-                "%s: loaded %s (%s, %.1f MB%s) in %.2f s",
-                role,
-                gf.path,
-                gf.arch,
-                gf.size / 1e6,
-                ", with its MTP head" if load_mtp else "",
-                time.perf_counter() - t0,
-            )
+            head, dt = ", with its MTP head" if load_mtp else "", time.perf_counter() - t0
+            log.info("%s: loaded %s (%s, %.1f MB%s) in %.2f s", role, gf.path, gf.arch, gf.size / 1e6, head, dt)
         except (BadFileError, LlamaError) as e:
             raise ModelFileError(f"{role}: {e}") from None
         self._owned.append(model)
@@ -324,6 +317,8 @@ class Runtime:
             n_max = min(n_max, d.n_max_limit)
         held = ctxs.held.pop(seq, None)  # (until the new generation ends, the memory is in flux)
         kept = held.reuse(prompt, d, self.recurrent) if reuse and held is not None else None
+        if reuse:  # (or a longer prefix another sequence holds, copied in)
+            kept = borrowed(prompt, kept, ctxs.offers(seq), d, self.recurrent) or kept
         stats = GenStats(
             spec_type=cfg.spec_type,
             n_max=n_max,
@@ -358,12 +353,14 @@ class Runtime:
         )
         loop.progress = prep.progress
         self._live.add(prep.seq)
+        c.live[prep.seq] = loop.settled
         return loop
 
     def ended(self, prep: Prepared, loop: VerifyLoop) -> None:
         """The generation ended: its sequence is free, and what it left in memory is known unless it
         was interrupted inside a decode."""
         self._live.discard(prep.seq)
+        prep.ctxs.live.pop(prep.seq, None)
         if (prep.stats.finished or loop.suspended) and loop.decoded:
             prep.ctxs.held[prep.seq] = Held(loop.decoded, prep.drafter, loop.asleep)
 

@@ -112,6 +112,45 @@ def test_a_follow_up_goes_to_the_slot_holding_its_conversation(tiny):
         engine.close()
 
 
+def test_a_system_prompt_another_slot_read_is_copied_not_read_again(tiny, monkeypatch):
+    """A request arriving while another runs takes the free slot, and copies in the system prompt the
+    running one's slot already read (cached_tokens); its answer is what it gets alone."""
+    import mtp_cli.slots
+
+    real = mtp_cli.slots.lx.decode
+
+    def slow(*a, **k):  # (the first request is still running when the second arrives)
+        time.sleep(0.01)
+        return real(*a, **k)
+
+    system = {"role": "system", "content": "You answer in the voice of a ship's cook, briefly and kindly."}
+    q = {"role": "user", "content": "the cat sat on the mat"}
+    engine = _engine(tiny, 1)
+    s = Served(engine.start())
+    try:
+        r = s.client().chat.completions.create(model="m", messages=[system, q], temperature=0, max_tokens=24)
+        want = r.choices[0].message.content
+    finally:
+        s.close()
+        engine.close()
+    monkeypatch.setattr(mtp_cli.slots.lx, "decode", slow)
+    engine = _engine(tiny, 2)
+    s = Served(engine.start())
+    try:
+        first = {"messages": [system, {"role": "user", "content": "go"}], "max_tokens": 120, "ignore_eos": True}
+        t = threading.Thread(target=lambda: _send(s.port, {**first, "stream": True}).getresponse().read())
+        t.start()
+        _wait_for(lambda: bool(engine._active), "the first request did not start")
+        r = s.client().chat.completions.create(model="m", messages=[system, q], temperature=0, max_tokens=24)
+        assert r.model_extra["mtp"]["slot"] == 1
+        assert r.usage.prompt_tokens_details.cached_tokens >= 16
+        assert r.choices[0].message.content == want
+        t.join(timeout=60)
+    finally:
+        s.close()
+        engine.close()
+
+
 def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(tiny, alone, monkeypatch):
     import mtp_cli.slots
 

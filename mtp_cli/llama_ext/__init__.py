@@ -28,6 +28,7 @@ from mtp_cli.llama_ext.decode import (
     logits_rows,
     memory_clear,
     memory_seq_clear,
+    memory_seq_copy,
     memory_seq_rm,
     n_ctx_seq,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "logits_rows",
     "memory_clear",
     "memory_seq_clear",
+    "memory_seq_copy",
     "n_ctx_seq",
     "embeddings_seq",
     "memory_seq_rm",

@@ -179,6 +179,15 @@ def memory_seq_clear(ctx: Context, seq_id: int, data: bool = True) -> None:
         raise LlamaError(f"the context refused to drop sequence {seq_id}")
 
 
+def memory_seq_copy(ctx: Context, src: int, dst: int) -> None:
+    """Sequence `dst` made a copy of sequence `src` (what dst held dropped). Whole sequences only:
+    across the streams of a split cache llama.cpp copies a stream's buffers (at the next decode),
+    and a range would abort it."""
+    mem = _C.llama_get_memory(ctx)
+    _C.llama_memory_seq_rm(mem, int(dst), -1, -1)
+    _C.llama_memory_seq_cp(mem, int(src), int(dst), -1, -1)
+
+
 def n_ctx_seq(ctx: Context) -> int:
     """Positions one sequence may hold (the context's size split per sequence, as llama.cpp does
     unless its KV cache is unified)."""

@@ -1,0 +1,94 @@
+"""A prompt that starts with what another sequence holds (a shared system prompt, a document every
+conversation quotes) copies that prefix in instead of decoding it again (mtp_cli.memory.borrowed):
+from a sequence that finished or one still generating, without changing what either generates.
+One thread (see tests/parity.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mtp_cli.memory import COPY_GAIN
+from tests.parity import greedy
+from tests.test_slots import _kinds, _load
+
+SHARED = "the quick brown fox jumps over the lazy dog and the cat sat on the mat while "
+
+
+def _alone(kinds, kind, cfg, prompts) -> list[list[int]]:
+    with _load(kinds, kind, 1) as rt:
+        return [[ev.token for ev in rt.generate(p, cfg)] for p in prompts]
+
+
+def _prompts(kinds, kind) -> tuple[list[int], list[int], int]:
+    """Two prompts sharing a long prefix, and the prefix's length in tokens."""
+    with _load(kinds, kind, 1) as rt:
+        a, b = rt.tokenize(SHARED + "hello world"), rt.tokenize(SHARED + "a b c d")
+    n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert n >= COPY_GAIN + 8
+    return a, b, n
+
+
+@pytest.mark.parametrize("kind", ["glm4moe", "lookup,mtp", "gemma4"])
+def test_a_prefix_another_sequence_held_is_copied_in(tiny_models, tmp_path, kind):
+    """Sequence 0 generated from A; sequence 1, empty, then generates from B sharing A's first n
+    tokens: it keeps those (n_cached) and gives B's tokens as alone; sequence 0's memory is untouched
+    (a follow-up of A there still keeps all of it)."""
+    kinds = _kinds(tiny_models, tmp_path)
+    spec = "mtp" if kind == "gemma4" else kinds[kind][1]["spec_type"]
+    cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, kind)
+    alone_a, alone_b = _alone(kinds, kind, cfg, [a, b])
+    with _load(kinds, kind, 3) as rt:
+        first = rt.generate(a, cfg, seq=0, reuse=True)
+        assert [ev.token for ev in first] == alone_a
+        second = rt.generate(b, cfg, seq=1, reuse=True)
+        assert [ev.token for ev in second] == alone_b
+        assert second.stats.n_cached == n
+        again = rt.generate(a + alone_a, cfg, seq=0, reuse=True)
+        list(again)
+        assert again.stats.n_cached == len(a) + len(alone_a) - 1
+
+
+def test_a_prefix_is_copied_from_a_sequence_still_generating(tiny_models, tmp_path):
+    """Batched: sequence 1 joins once sequence 0 has read its prompt, copies the shared prefix from
+    it (the copy lands at the next decode, before either writes), and both give what they give alone."""
+    from mtp_cli.slots import BatchRunner
+
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, "glm4moe")
+    alone = _alone(kinds, "glm4moe", cfg, [a, b])
+    with _load(kinds, "glm4moe", 2) as rt:
+        runner = BatchRunner(rt)
+        toks: dict[int, list[int]] = {0: [], 1: []}
+        stats = {0: runner.add(rt.prepare(a, cfg, seq=0, reuse=True))}
+        steps = 0
+        while runner.running:
+            for seq, o in runner.step().items():
+                assert o.error is None, o.error
+                toks[seq] += [ev.token for ev in o.events]
+            steps += 1
+            if steps == 2:
+                stats[1] = runner.add(rt.prepare(b, cfg, seq=1, reuse=True))
+        assert [toks[0], toks[1]] == alone
+        assert stats[1].n_cached == n
+
+
+def test_a_short_or_unshareable_prefix_is_not_copied(tiny_models, tmp_path):
+    """Nothing is copied for fewer than COPY_GAIN tokens beyond what the sequence keeps of its own, nor
+    on a recurrent target (its state cannot drop the donor's tail): the prompt is read as before."""
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024)
+    with _load(kinds, "glm4moe", 2) as rt:
+        a = rt.tokenize("one two three four five six seven eight nine ten")
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        g = rt.generate(a[: COPY_GAIN - 1] + rt.tokenize("zebra", add_special=False), cfg, seq=1, reuse=True)
+        list(g)
+        assert g.stats.n_cached == 0
+    a, b, n = _prompts(kinds, "qwen35")
+    with _load(kinds, "qwen35", 2) as rt:
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        g = rt.generate(b, cfg, seq=1, reuse=True)
+        assert [ev.token for ev in g] == _alone(kinds, "qwen35", cfg, [b])[0]
+        assert g.stats.n_cached == 0
