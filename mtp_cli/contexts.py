@@ -4,7 +4,7 @@ it, and what the last generation left in its memory."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -81,7 +81,7 @@ class Contexts:
     drafters: dict[tuple[str, int], Drafter] = field(default_factory=dict)
     held: dict[int, Held] = field(default_factory=dict)  # by sequence: what its last generation left in memory
     # by sequence, while it generates: the prompt tokens its memory holds so far (VerifyLoop.settled)
-    live: dict[int, Callable[[], Sequence[int]]] = field(default_factory=dict)
+    live: dict[int, Callable[[], Held]] = field(default_factory=dict)
     costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
 
     @classmethod
@@ -100,9 +100,9 @@ class Contexts:
         log.info("target context: %d positions, %d sequence(s), flash attention %s", key.n_ctx, key.n_seq, fa)
         return cls(key, tgt, min(key.n_ctx // key.n_seq, lx.n_ctx_seq(tgt)))
 
-    def offers(self, seq: int) -> dict[int, Sequence[int]]:
+    def offers(self, seq: int) -> dict[int, Held]:
         """What every other sequence's memory is known to hold, by sequence (memory.borrowed)."""
-        out: dict[int, Sequence[int]] = {s: h.tokens for s, h in self.held.items() if s != seq}
+        out = {s: h for s, h in self.held.items() if s != seq}
         out.update((s, f()) for s, f in self.live.items() if s != seq)
         return out
 

@@ -36,7 +36,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Chain, Drafter
 from mtp_cli.errors import LlamaError
-from mtp_cli.memory import Reuse
+from mtp_cli.memory import Held, Reuse
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.sampling import Chooser, DraftSteer, Probs, VerifySampled
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
@@ -145,7 +145,10 @@ class VerifyLoop:
                 lx.memory_seq_copy(tgt, reuse.donor, self.seq)
             if reuse.rewound and not lx.memory_seq_rm(tgt, self.seq, keep, -1):
                 raise LlamaError(f"the target context refused to drop positions {keep}..{reuse.held - 1}")
-            d.resume(prompt, keep, reuse.asleep, reuse.rewound)
+            if reuse.donor is None:
+                d.resume(prompt, keep, reuse.asleep, reuse.rewound)
+            else:  # (from what the donor's drafter holds, where it can)
+                d.adopt(reuse.lender, prompt, keep)
         self.decoded = list(prompt)
         self.costs.unobserved()  # (the prompt's decodes come first)
         # an off policy (asleep since the last generation, or a fresh controller): the drafters that
@@ -165,9 +168,13 @@ class VerifyLoop:
     def prefilling(self) -> bool:
         return self._prompt is not None
 
-    def settled(self) -> Sequence[int]:
-        """The prompt tokens the target's memory holds so far (another sequence may copy them in)."""
-        return self.decoded[: self._p0 if self.prefilling else self.stats.n_prompt]
+    def in_memory(self) -> list[int]:
+        """The tokens the target's memory holds (of the prompt, only the chunks decoded so far)."""
+        return self.decoded[: self._p0] if self.prefilling else self.decoded
+
+    def settled(self) -> Held:
+        """What stays in memory while this runs: the prompt's decoded chunks (memory.borrowed)."""
+        return Held(self.in_memory()[: self.stats.n_prompt], self.drafter, self.asleep)
 
     def fill(self, batch: lx.Batch) -> bool:
         """Add this loop's rows for the next decode: a chunk of the prompt (as much as n_batch and the

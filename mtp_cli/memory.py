@@ -28,10 +28,18 @@ class Reuse:
     held: int  # positions the memory holds: keep..held-1 are dropped before the rest is decoded
     asleep: bool  # the drafter ended that generation skipped (policy.sleep)
     donor: Optional[int] = None  # the sequence whose memory is copied in first (its prefix is what is kept)
+    lender: Optional[Drafter] = None  # the donor's drafter, when of the same kind (Drafter.adopt)
 
     @property
     def rewound(self) -> bool:
         return self.held > self.keep or self.donor is not None
+
+    def still_offered(self, offers: Mapping[int, Held], prompt: Sequence[int]) -> bool:
+        """Whether a donor still holds what it was chosen for (it may have run since)."""
+        h = offers.get(self.donor) if self.donor is not None else None
+        if self.donor is None:
+            return True
+        return h is not None and common_prefix(h.tokens, prompt) >= self.keep and self.lender in (None, h.drafter)
 
 
 @dataclass(frozen=True)
@@ -55,27 +63,30 @@ class Held:
         return Reuse(n, len(self.tokens), self.asleep)
 
 
-# tokens a prefix another sequence holds must add to what a sequence keeps of its own to be copied in:
-# the copy is of the donor's whole sequence (llama.cpp copies a split cache's stream whole), which for
-# the demo's 1024-cell slots cost about one prompt row on a 2-core AMD EPYC (ARCHITECTURE §9)
-COPY_GAIN = 8
+# tokens a prefix another sequence holds must add to what a sequence keeps of its own to be copied in,
+# at least, and per COPY_CELLS cells of a slot: the copy is of the donor's whole sequence (llama.cpp
+# copies a split cache's stream whole), which for the demo's 1024-cell slots cost about one prompt
+# row on a 2-core AMD EPYC (ARCHITECTURE §9); a huge slot of a small model costs more
+COPY_GAIN, COPY_CELLS = 8, 128
 
 
 def borrowed(
-    prompt: Sequence[int], own: Optional[Reuse], offers: Mapping[int, Sequence[int]], d: Drafter, recurrent: bool
+    prompt: Sequence[int], own: Optional[Reuse], offers: Mapping[int, Held], d: Drafter, recurrent: bool, cells: int
 ) -> Optional[Reuse]:
-    """The longest prefix of `prompt` that another sequence's memory holds (`offers`: by sequence,
-    the tokens it holds), to be copied in, if it beats what the sequence keeps of its own by
-    COPY_GAIN tokens; None otherwise. The drafter resumes cold after it (asleep: whatever memory of
-    its own it has follows the old tokens); a recurrent state cannot drop the donor's tail."""
+    """The longest prefix of `prompt` that another sequence's memory holds (`offers`: by sequence),
+    to be copied in, if it beats what the sequence keeps of its own by enough tokens (COPY_GAIN, or
+    one per COPY_CELLS of the slot's `cells`); None otherwise. The drafter then starts from the
+    donor's (Drafter.adopt: a copy of what it holds, where it can); a recurrent state cannot drop
+    the donor's tail."""
     if recurrent or not d.can_resume or not offers:
         return None
-    shared = {s: min(common_prefix(t, prompt), len(prompt) - 1) for s, t in offers.items()}
+    shared = {s: min(common_prefix(h.tokens, prompt), len(prompt) - 1) for s, h in offers.items()}
     donor = max(shared, key=lambda s: shared[s])
     n = shared[donor]
-    if n < (own.keep if own else 0) + COPY_GAIN:
+    if n < (own.keep if own else 0) + max(COPY_GAIN, cells // COPY_CELLS):
         return None
-    return Reuse(n, n, True, donor)
+    lender = offers[donor].drafter
+    return Reuse(n, n, True, donor, lender if type(lender) is type(d) else None)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -85,4 +96,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(np.argmax(np.asarray(a[:n]) != np.asarray(b[:n])))
 
 
-__all__ = ["Held", "Reuse", "borrowed", "common_prefix", "COPY_GAIN"]
+__all__ = ["Held", "Reuse", "borrowed", "common_prefix", "COPY_GAIN", "COPY_CELLS"]

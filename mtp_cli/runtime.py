@@ -318,7 +318,7 @@ class Runtime:
         held = ctxs.held.pop(seq, None)  # (until the new generation ends, the memory is in flux)
         kept = held.reuse(prompt, d, self.recurrent) if reuse and held is not None else None
         if reuse:  # (or a longer prefix another sequence holds, copied in)
-            kept = borrowed(prompt, kept, ctxs.offers(seq), d, self.recurrent) or kept
+            kept = borrowed(prompt, kept, ctxs.offers(seq), d, self.recurrent, ctxs.n_ctx) or kept
         stats = GenStats(
             spec_type=cfg.spec_type,
             n_max=n_max,
@@ -337,6 +337,8 @@ class Runtime:
             raise ConfigError(f"sequence {prep.seq} is generating: end that generation first")
         eog = self.eog_tokens if prep.cfg.ignore_eos else ()
         c = prep.ctxs
+        if prep.kept is not None and not prep.kept.still_offered(c.offers(prep.seq), prep.prompt):
+            prep.kept, prep.stats.n_cached = None, 0  # (its donor ran since prepare: the prompt is read whole)
         loop = VerifyLoop(
             self.model,
             c.target,
@@ -361,8 +363,8 @@ class Runtime:
         was interrupted inside a decode."""
         self._live.discard(prep.seq)
         prep.ctxs.live.pop(prep.seq, None)
-        if (prep.stats.finished or loop.suspended) and loop.decoded:
-            prep.ctxs.held[prep.seq] = Held(loop.decoded, prep.drafter, loop.asleep)
+        if (prep.stats.finished or loop.suspended) and loop.in_memory():
+            prep.ctxs.held[prep.seq] = Held(loop.in_memory(), prep.drafter, loop.asleep)
 
     def _run(self, prep: Prepared) -> Generator[TokenEvent, None, GenStats]:
         """The loop, built when the generator starts (nothing is allocated for one never run)."""

@@ -75,6 +75,28 @@ def test_a_prefix_is_copied_from_a_sequence_still_generating(tiny_models, tmp_pa
         assert stats[1].n_cached == n
 
 
+@pytest.mark.parametrize("gap", [False, True])
+def test_the_borrowers_head_starts_from_the_lenders_memory_where_it_holds_the_prefix(tiny_models, tmp_path, gap):
+    """The MTP head of the sequence that borrows a prefix takes the lender head's memory of it (its
+    cells start at 0, as alone), not a cold restart at the prefix's end; a lender whose memory
+    does not hold the whole prefix (its first cells gone, as after a sleep) lends nothing, and the
+    borrower restarts cold. Either way the tokens are the prompt's alone."""
+    from mtp_cli import llama_ext as lx
+
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="lookup,mtp", draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, "lookup,mtp")
+    with _load(kinds, "lookup,mtp", 2) as rt:
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        lender = rt._ctx.drafters[("mtp", 0)]
+        if gap:
+            lx.memory_seq_rm(lender.ctx, 0, 0, 3)
+        g = rt.generate(b, cfg, seq=1, reuse=True)
+        assert [ev.token for ev in g] == _alone(kinds, "lookup,mtp", cfg, [b])[0]
+        assert g.stats.n_cached == n
+        assert lx.memory_seq_span(rt._ctx.drafters[("mtp", 1)].ctx, 1)[0] == (n if gap else 0)
+
+
 def test_a_short_or_unshareable_prefix_is_not_copied(tiny_models, tmp_path):
     """Nothing is copied for fewer than COPY_GAIN tokens beyond what the sequence keeps of its own, nor
     on a recurrent target (its state cannot drop the donor's tail): the prompt is read as before."""
@@ -91,4 +113,37 @@ def test_a_short_or_unshareable_prefix_is_not_copied(tiny_models, tmp_path):
         list(rt.generate(a, cfg, seq=0, reuse=True))
         g = rt.generate(b, cfg, seq=1, reuse=True)
         assert [ev.token for ev in g] == _alone(kinds, "qwen35", cfg, [b])[0]
+        assert g.stats.n_cached == 0
+
+
+def test_a_generation_stopped_while_reading_its_prompt_lends_only_what_it_read(tiny_models, tmp_path):
+    """Cancelled after its first prompt chunk, a sequence's memory holds that chunk only: a prompt
+    sharing the whole of its prompt borrows no more than that, and gives its tokens as alone."""
+    from mtp_cli.slots import BatchRunner
+
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024, n_batch=16)
+    a, b, n = _prompts(kinds, "glm4moe")
+    with _load(kinds, "glm4moe", 2) as rt:
+        runner = BatchRunner(rt)
+        runner.add(rt.prepare(a, cfg, seq=0, reuse=True))
+        runner.step()
+        runner.cancel(0)
+        assert rt.held(0) == a[:16]
+        g = rt.generate(b, cfg, seq=1, reuse=True)
+        assert [ev.token for ev in g] == _alone(kinds, "glm4moe", cfg, [b])[0]
+        assert g.stats.n_cached == 16
+
+
+def test_a_donor_that_ran_again_since_prepare_lends_nothing(tiny_models, tmp_path):
+    """A generation prepared to borrow from sequence 0 starts after sequence 0 ran another prompt:
+    the prefix is gone, so its prompt is read whole (n_cached 0), and its tokens are its own."""
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, "glm4moe")
+    with _load(kinds, "glm4moe", 2) as rt:
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        g = rt.generate(b, cfg, seq=1, reuse=True)  # (prepared: sequence 0 holds the prefix now)
+        list(rt.generate(rt.tokenize("something else entirely"), cfg, seq=0, reuse=True))
+        assert [ev.token for ev in g] == _alone(kinds, "glm4moe", cfg, [b])[0]
         assert g.stats.n_cached == 0

@@ -16,6 +16,9 @@ The verify loop (mtp_cli.loop) drives an instance:
                                       target, which holds just that now; `rewound`: the target
                                       dropped positions keep.. (else it held exactly those);
                                       `asleep`: the last generation ended with the drafter skipped
+    adopt(lender, prompt, keep)       (drafters with can_resume) instead of resume: the target holds
+                                      prompt[:keep] copied from another sequence, followed there by
+                                      `lender` (this kind's drafter, or None): copy what it holds
     on_prefill(tokens, pos0)          the target just decoded a prompt chunk at pos0..
     draft(id_last, pos, n_max)        up to n_max tokens to follow id_last (which sits at `pos`
                                       and is not yet in the target's memory); n_max may be 0
@@ -43,7 +46,7 @@ import numpy as np
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.errors import MtpError, VocabMismatchError
+from mtp_cli.errors import LlamaError, MtpError, VocabMismatchError
 from mtp_cli.sampling import ConfidenceProbe, DraftSteer
 from mtp_cli.step_costs import StepCosts
 
@@ -158,6 +161,12 @@ class Drafter:
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot resume")
 
+    def adopt(self, lender: Optional[Drafter], prompt: Sequence[int], keep: int) -> None:
+        """(drafters with can_resume) the target holds prompt[:keep], copied from another sequence
+        whose drafter of this kind is `lender` (None: another kind): start from what it holds where
+        that can be copied, else cold (as after a sleep)."""
+        self.resume(prompt, keep, True, True)
+
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         pass
 
@@ -227,6 +236,29 @@ class DraftRows:
             take = min(room, n - k)
             b.add_many(tokens[k : k + take], pos0 + k, h=None if h is None else h[k : k + take])
             k += take
+
+    def lend(self, to: DraftRows, keep: int) -> bool:
+        """`to` (another sequence's rows, in a context of its own) made these for positions 0..keep-1:
+        the cells this context holds (llama.cpp's per-sequence state, written into the other), and the
+        catch-up rows queued below keep. False, nothing changed, when these do not hold all of them:
+        a head restarted cold since its prompt began (a sleep), or stopped short of keep."""
+        q, n, seq = self.batch, self.batch.n_tokens, self.batch.seq_id
+        lo, hi = lx.memory_seq_span(self.ctx, seq)
+        first = int(q.pos[0]) if n else hi + 1
+        top = int(q.pos[n - 1]) if n else hi
+        if self.n_extra or (lo if lo >= 0 else first) != 0 or first > hi + 1 or top < keep - 1:
+            return False
+        if hi >= 0:
+            lx.copy_seq_state(self.ctx, seq, to.ctx, to.batch.seq_id)
+        else:
+            lx.memory_seq_clear(to.ctx, to.batch.seq_id, data=False)
+        if not lx.memory_seq_rm(to.ctx, to.batch.seq_id, keep, -1):
+            raise LlamaError("an MTP context refused to drop the lent rows past the kept prompt")
+        to.batch.clear()
+        for i in np.flatnonzero(q.pos[:n] < keep):
+            to.batch.add(int(q.tokens[i]), int(q.pos[i]), h=q.h[i])
+        to.n_extra = 0
+        return True
 
 
 class HeadProbe:

@@ -115,6 +115,12 @@ class Chain(Drafter):
         for m in self.parts:
             m.resume(prompt, keep, asleep and m.can_sleep, rewound)
 
+    def adopt(self, lender: Optional[Drafter], prompt: Sequence[int], keep: int) -> None:
+        self.sleeping = False
+        lent = lender.parts if isinstance(lender, Chain) else [None] * len(self.parts)
+        for m, lm in zip(self.parts, lent):
+            m.adopt(lm if type(lm) is type(m) else None, prompt, keep)
+
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         for m in self._awake():
             m.on_prefill(tokens, pos0)

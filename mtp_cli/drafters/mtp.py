@@ -181,6 +181,13 @@ class MtpDrafter(Drafter):
         elif asleep:
             self.restart(keep, h=False)  # (the target's last decode, one plain token at keep-1, may have had no h)
 
+    def adopt(self, lender: Optional[Drafter], prompt: Sequence[int], keep: int) -> None:
+        """Warm where it can: the lender head's memory and queued rows below keep (DraftRows.lend)."""
+        if isinstance(lender, MtpDrafter) and not self.mem_shared and lender.rows.lend(self.rows, keep):
+            self.pending_h[:] = 0.0  # (as after a rewind: the target's row of keep-1 went with another's batch)
+        else:
+            self.resume(prompt, keep, True, True)
+
     def _rewind(self, keep: int, asleep: bool) -> None:
         """Drop what the head holds from keep on (all of it after a sleep: its memory has a gap); its
         row at keep pairs with no h (the target's row of keep-1 went with an earlier batch)."""

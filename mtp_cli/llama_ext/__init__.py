@@ -22,6 +22,7 @@ from mtp_cli.llama_ext.decode import (
     STATE_PARTIAL_ONLY,
     Batch,
     SeqCheckpoint,
+    copy_seq_state,
     decode,
     embeddings_seq,
     logits_ith,
@@ -30,6 +31,7 @@ from mtp_cli.llama_ext.decode import (
     memory_seq_clear,
     memory_seq_copy,
     memory_seq_rm,
+    memory_seq_span,
     n_ctx_seq,
 )
 from mtp_cli.llama_ext.devices import Device, devices
@@ -108,6 +110,8 @@ __all__ = [
     "memory_clear",
     "memory_seq_clear",
     "memory_seq_copy",
+    "memory_seq_span",
+    "copy_seq_state",
     "n_ctx_seq",
     "embeddings_seq",
     "memory_seq_rm",

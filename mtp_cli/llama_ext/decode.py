@@ -188,6 +188,23 @@ def memory_seq_copy(ctx: Context, src: int, dst: int) -> None:
     _C.llama_memory_seq_cp(mem, int(src), int(dst), -1, -1)
 
 
+def memory_seq_span(ctx: Context, seq_id: int) -> tuple[int, int]:
+    """(lowest, highest) position sequence `seq_id` holds in the context's memory; (-1, -1) for none."""
+    mem = _C.llama_get_memory(ctx)
+    return int(_C.llama_memory_seq_pos_min(mem, int(seq_id))), int(_C.llama_memory_seq_pos_max(mem, int(seq_id)))
+
+
+def copy_seq_state(src: Context, src_seq: int, dst: Context, dst_seq: int) -> None:
+    """What sequence src_seq holds in src's memory written into dst's as dst_seq (what dst_seq held
+    dropped): two contexts of one model with the same memory layout (their sequence counts too)."""
+    size = int(_C.llama_state_seq_get_size_ext(src, int(src_seq), 0))
+    buf = np.zeros(max(size, 1), dtype=np.uint8)
+    ptr = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    n = int(_C.llama_state_seq_get_data_ext(src, ptr, size, int(src_seq), 0))
+    if n == 0 or int(_C.llama_state_seq_set_data_ext(dst, ptr, n, int(dst_seq), 0)) == 0:
+        raise LlamaError(f"copying sequence {src_seq}'s state into another context's sequence {dst_seq} failed")
+
+
 def n_ctx_seq(ctx: Context) -> int:
     """Positions one sequence may hold (the context's size split per sequence, as llama.cpp does
     unless its KV cache is unified)."""
