@@ -35,10 +35,8 @@ class Reuse:
         return self.held > self.keep or self.donor is not None
 
     def still_offered(self, offers: Mapping[int, Held], prompt: Sequence[int]) -> bool:
-        """Whether a donor still holds what it was chosen for (it may have run since)."""
+        """Whether the donor still holds what it was chosen for (it may have run since)."""
         h = offers.get(self.donor) if self.donor is not None else None
-        if self.donor is None:
-            return True
         return h is not None and common_prefix(h.tokens, prompt) >= self.keep and self.lender in (None, h.drafter)
 
 

@@ -337,7 +337,7 @@ class Runtime:
             raise ConfigError(f"sequence {prep.seq} is generating: end that generation first")
         eog = self.eog_tokens if prep.cfg.ignore_eos else ()
         c = prep.ctxs
-        if prep.kept is not None and not prep.kept.still_offered(c.offers(prep.seq), prep.prompt):
+        if prep.kept and prep.kept.donor is not None and not prep.kept.still_offered(c.offers(prep.seq), prep.prompt):
             prep.kept, prep.stats.n_cached = None, 0  # (its donor ran since prepare: the prompt is read whole)
         loop = VerifyLoop(
             self.model,
