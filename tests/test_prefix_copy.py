@@ -147,3 +147,49 @@ def test_a_donor_that_ran_again_since_prepare_lends_nothing(tiny_models, tmp_pat
         list(rt.generate(rt.tokenize("something else entirely"), cfg, seq=0, reuse=True))
         assert [ev.token for ev in g] == _alone(kinds, "glm4moe", cfg, [b])[0]
         assert g.stats.n_cached == 0
+
+
+def test_a_copy_that_lands_short_is_dropped_and_the_head_restarts_cold(tiny_models, tmp_path, monkeypatch):
+    """Where the copied state does not hold every position below the prefix's end (a sliding-window
+    cache writes only its window), the borrower's head does not keep it: it restarts cold."""
+    from mtp_cli import llama_ext as lx
+
+    real = lx.copy_seq_state
+
+    def windowed(src, s, dst, t):  # (the first cells left out, as a window's cache leaves them)
+        real(src, s, dst, t)
+        lx.memory_seq_rm(dst, t, 0, 4)
+
+    monkeypatch.setattr(lx, "copy_seq_state", windowed)
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, "glm4moe")
+    with _load(kinds, "glm4moe", 2) as rt:
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        g = rt.generate(b, cfg, seq=1, reuse=True)
+        assert [ev.token for ev in g] == _alone(kinds, "glm4moe", cfg, [b])[0]
+        assert lx.memory_seq_span(rt._ctx.drafters[("mtp", 1)].ctx, 1)[0] == n
+
+
+def test_a_running_lenders_queued_row_gives_the_borrower_the_h_row_before_the_prefix_end(tiny_models, tmp_path):
+    """A lender still catching up (its prompt's rows queued) holds the target's h row of keep-1 in its
+    queued row at keep: the borrower's head pairs its first row with it, not with zeros."""
+    import numpy as np
+
+    from mtp_cli.slots import BatchRunner
+
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024, n_batch=256)  # (the prompt in one chunk)
+    a, b, n = _prompts(kinds, "glm4moe")
+    with _load(kinds, "glm4moe", 2) as rt:
+        runner = BatchRunner(rt)
+        runner.add(rt.prepare(a, cfg, seq=0, reuse=True))
+        runner.step()
+        q = rt._ctx.drafters[("mtp", 0)].rows.batch
+        at = np.flatnonzero(q.pos[: q.n_tokens] == n)
+        assert len(at) == 1
+        want = q.h[at[0]].copy()
+        runner.add(rt.prepare(b, cfg, seq=1, reuse=True))
+        got = rt._ctx.drafters[("mtp", 1)].pending_h
+        assert np.abs(want).sum() > 0 and np.array_equal(got, want)
+        runner.close()

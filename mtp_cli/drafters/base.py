@@ -237,27 +237,38 @@ class DraftRows:
             b.add_many(tokens[k : k + take], pos0 + k, h=None if h is None else h[k : k + take])
             k += take
 
-    def lend(self, to: DraftRows, keep: int) -> bool:
+    def lend(self, to: DraftRows, keep: int, pending: np.ndarray, to_pending: np.ndarray) -> bool:
         """`to` (another sequence's rows, in a context of its own) made these for positions 0..keep-1:
-        the cells this context holds (llama.cpp's per-sequence state, written into the other), and the
-        catch-up rows queued below keep. False, nothing changed, when these do not hold all of them:
-        a head restarted cold since its prompt began (a sleep), or stopped short of keep."""
-        q, n, seq = self.batch, self.batch.n_tokens, self.batch.seq_id
+        the cells this context holds (llama.cpp's per-sequence state, written into the other), the
+        catch-up rows queued below keep, and in `to_pending` the target's h row of keep-1 where it is
+        at hand (a queued row's at keep, or `pending` at the frontier), else zeros. False, `to` not
+        holding them, when these do not hold all of them (a head restarted cold since its prompt began,
+        or stopped short of keep) or the copy does not (a sliding window's cache writes only its window)."""
+        q, n, seq, t = self.batch, self.batch.n_tokens, self.batch.seq_id, to.batch.seq_id
         lo, hi = lx.memory_seq_span(self.ctx, seq)
         first = int(q.pos[0]) if n else hi + 1
         top = int(q.pos[n - 1]) if n else hi
         if self.n_extra or (lo if lo >= 0 else first) != 0 or first > hi + 1 or top < keep - 1:
             return False
-        if hi >= 0:
-            lx.copy_seq_state(self.ctx, seq, to.ctx, to.batch.seq_id)
-        else:
-            lx.memory_seq_clear(to.ctx, to.batch.seq_id, data=False)
-        if not lx.memory_seq_rm(to.ctx, to.batch.seq_id, keep, -1):
-            raise LlamaError("an MTP context refused to drop the lent rows past the kept prompt")
+        try:
+            if hi >= 0:
+                lx.copy_seq_state(self.ctx, seq, to.ctx, t)
+            else:
+                lx.memory_seq_clear(to.ctx, t, data=False)
+            whole = lx.memory_seq_rm(to.ctx, t, keep, -1) and lx.memory_seq_span(to.ctx, t) == (
+                (0, min(hi, keep - 1)) if hi >= 0 else (-1, -1)
+            )
+        except LlamaError:
+            whole = False
+        if not whole:
+            lx.memory_seq_clear(to.ctx, t, data=False)
+            return False
         to.batch.clear()
         for i in np.flatnonzero(q.pos[:n] < keep):
             to.batch.add(int(q.tokens[i]), int(q.pos[i]), h=q.h[i])
         to.n_extra = 0
+        at = np.flatnonzero(q.pos[:n] == keep)
+        np.copyto(to_pending, q.h[at[0]] if len(at) else pending if top + 1 == keep else 0.0)
         return True
 
 

@@ -182,11 +182,12 @@ class MtpDrafter(Drafter):
             self.restart(keep, h=False)  # (the target's last decode, one plain token at keep-1, may have had no h)
 
     def adopt(self, lender: Optional[Drafter], prompt: Sequence[int], keep: int) -> None:
-        """Warm where it can: the lender head's memory and queued rows below keep (DraftRows.lend)."""
-        if isinstance(lender, MtpDrafter) and not self.mem_shared and lender.rows.lend(self.rows, keep):
-            self.pending_h[:] = 0.0  # (as after a rewind: the target's row of keep-1 went with another's batch)
-        else:
-            self.resume(prompt, keep, True, True)
+        """Warm where it can: the lender head's memory, queued rows below keep and the target's h row of
+        keep-1 where it has it (DraftRows.lend); else cold, as after a sleep."""
+        if isinstance(lender, MtpDrafter) and not self.mem_shared:
+            if lender.rows.lend(self.rows, keep, lender.pending_h, self.pending_h):
+                return
+        self.resume(prompt, keep, True, True)
 
     def _rewind(self, keep: int, asleep: bool) -> None:
         """Drop what the head holds from keep on (all of it after a sleep: its memory has a gap); its
