@@ -80,7 +80,7 @@ class Contexts:
     n_ctx: int  # usable positions per sequence (the smallest of the request and every context's actual size)
     drafters: dict[tuple[str, int], Drafter] = field(default_factory=dict)
     held: dict[int, Held] = field(default_factory=dict)  # by sequence: what its last generation left in memory
-    # by sequence, while it generates: the prompt tokens its memory holds so far (VerifyLoop.settled)
+    # by sequence, while it generates: what its memory holds so far that stays (VerifyLoop.settled)
     live: dict[int, Callable[[], Held]] = field(default_factory=dict)
     costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
 
