@@ -10,7 +10,7 @@ import pytest
 
 from mtp_cli.memory import COPY_GAIN
 from tests.parity import greedy
-from tests.test_slots import _kinds, _load
+from tests.test_slots import _kinds, _load, run_batched
 
 SHARED = "the quick brown fox jumps over the lazy dog and the cat sat on the mat while "
 
@@ -61,16 +61,8 @@ def test_a_prefix_is_copied_from_a_sequence_still_generating(tiny_models, tmp_pa
     alone = _alone(kinds, "glm4moe", cfg, [a, b])
     with _load(kinds, "glm4moe", 2) as rt:
         runner = BatchRunner(rt)
-        toks: dict[int, list[int]] = {0: [], 1: []}
         stats = {0: runner.add(rt.prepare(a, cfg, seq=0, reuse=True))}
-        steps = 0
-        while runner.running:
-            for seq, o in runner.step().items():
-                assert o.error is None, o.error
-                toks[seq] += [ev.token for ev in o.events]
-            steps += 1
-            if steps == 2:
-                stats[1] = runner.add(rt.prepare(b, cfg, seq=1, reuse=True))
+        toks, _ = run_batched(runner, {2: lambda: stats.update({1: runner.add(rt.prepare(b, cfg, seq=1, reuse=True))})})
         assert [toks[0], toks[1]] == alone
         assert stats[1].n_cached == n
 

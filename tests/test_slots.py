@@ -34,6 +34,21 @@ def _load(kinds, kind: str, n_parallel: int) -> Runtime:
     return Runtime.load(path, n_parallel=n_parallel, **spec)
 
 
+def run_batched(runner, joins=None) -> tuple[dict[int, list[int]], int]:
+    """Step a BatchRunner until every sequence ends: each sequence's tokens, and the steps taken;
+    `joins[k]()` runs after step k (a sequence joining while others run)."""
+    toks: dict[int, list[int]] = {}
+    steps = 0
+    while runner.running:
+        for seq, o in runner.step().items():
+            assert o.error is None, o.error
+            toks.setdefault(seq, []).extend(ev.token for ev in o.events)
+        steps += 1
+        if joins and steps in joins:
+            joins[steps]()
+    return toks, steps
+
+
 def _figures(gen) -> tuple[list[int], list[int], list[int]]:
     return gen.tokens, list(gen.stats.drafted_at), list(gen.stats.accepted_at)
 
@@ -119,16 +134,9 @@ def test_batched_sequences_each_give_what_they_give_alone(tiny_models, tmp_path,
     alone = _alone(kinds, kind, cfg, texts)
     with _load(kinds, kind, 3) as rt:
         runner = BatchRunner(rt)
-        toks: dict[int, list[int]] = {0: [], 1: [], 2: []}
         stats = {s: runner.add(rt.prepare(rt.tokenize(texts[s]), cfg, seq=s)) for s in (0, 1)}
-        steps = 0
-        while runner.running:
-            for seq, o in runner.step().items():
-                assert o.error is None, o.error
-                toks[seq] += [ev.token for ev in o.events]
-            steps += 1
-            if steps == 3:  # (joins while the others run)
-                stats[2] = runner.add(rt.prepare(rt.tokenize(texts[2]), cfg, seq=2))
+        join = {3: lambda: stats.update({2: runner.add(rt.prepare(rt.tokenize(texts[2]), cfg, seq=2))})}
+        toks, steps = run_batched(runner, join)  # (the third joins while the others run)
         got = [(toks[s], list(stats[s].drafted_at), list(stats[s].accepted_at)) for s in range(3)]
         assert got == alone
         assert steps < sum(len(a[0]) for a in alone) * 0.6  # (shared decodes: far fewer than one per token)
