@@ -163,25 +163,29 @@ def test_a_copy_that_lands_short_is_dropped_and_the_head_restarts_cold(tiny_mode
         assert lx.memory_seq_span(rt._ctx.drafters[("mtp", 1)].ctx, 1)[0] == n
 
 
-def test_a_running_lenders_queued_row_gives_the_borrower_the_h_row_before_the_prefix_end(tiny_models, tmp_path):
-    """A lender still catching up (its prompt's rows queued) holds the target's h row of keep-1 in its
-    queued row at keep: the borrower's head pairs its first row with it, not with zeros."""
+@pytest.mark.parametrize("n_batch", [256, 64])
+def test_a_running_lender_gives_the_borrower_the_h_row_before_the_prefix_end(tiny_models, tmp_path, n_batch):
+    """A lender still catching up holds the target's h row of keep-1: in its queued row at keep (the
+    prompt read in one chunk), or as its pending h row when keep is its frontier (the first of two
+    chunks read, keep at its end). The borrower's head pairs its first row with it, not with zeros."""
     import numpy as np
 
     from mtp_cli.slots import BatchRunner
 
     kinds = _kinds(tiny_models, tmp_path)
-    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024, n_batch=256)  # (the prompt in one chunk)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024, n_batch=n_batch)
     a, b, n = _prompts(kinds, "glm4moe")
     with _load(kinds, "glm4moe", 2) as rt:
         runner = BatchRunner(rt)
         runner.add(rt.prepare(a, cfg, seq=0, reuse=True))
         runner.step()
-        q = rt._ctx.drafters[("mtp", 0)].rows.batch
-        at = np.flatnonzero(q.pos[: q.n_tokens] == n)
-        assert len(at) == 1
-        want = q.h[at[0]].copy()
-        runner.add(rt.prepare(b, cfg, seq=1, reuse=True))
+        lender = rt._ctx.drafters[("mtp", 0)]
+        q = lender.rows.batch
+        at = np.flatnonzero(q.pos[: q.n_tokens] == min(n, n_batch))
+        assert len(at) == (1 if n_batch > n else 0)
+        want = (q.h[at[0]] if len(at) else lender.pending_h).copy()
+        stats = runner.add(rt.prepare(b, cfg, seq=1, reuse=True))
+        assert stats.n_cached == min(n, n_batch)
         got = rt._ctx.drafters[("mtp", 1)].pending_h
         assert np.abs(want).sum() > 0 and np.array_equal(got, want)
         runner.close()

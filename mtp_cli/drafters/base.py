@@ -267,8 +267,13 @@ class DraftRows:
         for i in np.flatnonzero(q.pos[:n] < keep):
             to.batch.add(int(q.tokens[i]), int(q.pos[i]), h=q.h[i])
         to.n_extra = 0
-        at = np.flatnonzero(q.pos[:n] == keep)
-        np.copyto(to_pending, q.h[at[0]] if len(at) else pending if top + 1 == keep else 0.0)
+        at = np.flatnonzero(q.pos[:n] == keep)  # (a queued row at keep pairs with the h row of keep-1)
+        if len(at):
+            np.copyto(to_pending, q.h[at[0]])
+        elif top + 1 == keep:  # (the lender's frontier: its pending h row is keep-1's)
+            np.copyto(to_pending, pending)
+        else:
+            to_pending[:] = 0.0
         return True
 
 

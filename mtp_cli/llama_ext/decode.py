@@ -194,17 +194,6 @@ def memory_seq_span(ctx: Context, seq_id: int) -> tuple[int, int]:
     return int(_C.llama_memory_seq_pos_min(mem, int(seq_id))), int(_C.llama_memory_seq_pos_max(mem, int(seq_id)))
 
 
-def copy_seq_state(src: Context, src_seq: int, dst: Context, dst_seq: int) -> None:
-    """What sequence src_seq holds in src's memory written into dst's as dst_seq (what dst_seq held
-    dropped): two contexts of one model with the same memory layout (their sequence counts too)."""
-    size = int(_C.llama_state_seq_get_size_ext(src, int(src_seq), 0))
-    buf = np.zeros(max(size, 1), dtype=np.uint8)
-    ptr = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-    n = int(_C.llama_state_seq_get_data_ext(src, ptr, size, int(src_seq), 0))
-    if n == 0 or int(_C.llama_state_seq_set_data_ext(dst, ptr, n, int(dst_seq), 0)) == 0:
-        raise LlamaError(f"copying sequence {src_seq}'s state into another context's sequence {dst_seq} failed")
-
-
 def n_ctx_seq(ctx: Context) -> int:
     """Positions one sequence may hold (the context's size split per sequence, as llama.cpp does
     unless its KV cache is unified)."""
@@ -234,9 +223,20 @@ class SeqCheckpoint:
         if self.n == 0:
             raise LlamaError("llama_state_seq_get_data_ext saved nothing")
 
-    def restore(self) -> None:
+    def restore(self, ctx: Optional[Context] = None, seq_id: Optional[int] = None) -> None:
+        """Put the saved state back (or into another context of the same model and layout, as `seq_id`)."""
         if self.n == 0:
             raise LlamaError("no checkpoint saved")
+        ctx = self.ctx if ctx is None else ctx
+        seq_id = self.seq_id if seq_id is None else int(seq_id)
         ptr = self.buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        if int(_C.llama_state_seq_set_data_ext(self.ctx, ptr, self.n, self.seq_id, self.flags)) == 0:
+        if int(_C.llama_state_seq_set_data_ext(ctx, ptr, self.n, seq_id, self.flags)) == 0:
             raise LlamaError("llama_state_seq_set_data_ext failed to restore the checkpoint")
+
+
+def copy_seq_state(src: Context, src_seq: int, dst: Context, dst_seq: int) -> None:
+    """What sequence src_seq holds in src's memory written into dst's as dst_seq (what dst_seq held
+    dropped): two contexts of one model with the same memory layout (their sequence counts too)."""
+    state = SeqCheckpoint(src, src_seq, partial=False)
+    state.save()
+    state.restore(dst, dst_seq)
