@@ -254,8 +254,8 @@ class VerifyLoop:
         ask for a shadow step whose draft is only compared with the target's token)."""
         p, d = self.policy, self.drafter
         n = p.step(self.k, self.a, self.t_consumer, self.step)
-        limit = 0 if p.hold else min(self.n_max, room - 1, self.n_predict - self.emitted - 1)
-        k_max = min(n, limit)
+        limit = min(self.n_max, room - 1, self.n_predict - self.emitted - 1)
+        k_max, limit = min(n, limit), 0 if p.hold else limit  # (limit: what a self-sized drafter may draft)
         drafts: list[int] = []
         if p.sleep and d.can_sleep and k_max <= 0:
             self.asleep = True

@@ -14,10 +14,6 @@ generating (mtp_cli.speed.adaptive) live above the runtime and subclass this; th
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Optional
-
 
 class DraftPolicy:
     """A fixed draft length: N = n_max every step."""
@@ -30,7 +26,7 @@ class DraftPolicy:
     quiet: int = 0
     #: whether the drafter it steers can sleep at all (the loop says so before begin())
     can_sleep: bool = True
-    #: this step drafts nothing at all, a self-sized drafter's (the lookup's) included
+    #: a drafter that sizes its own drafts (the lookup) drafts nothing this step (with N = 0: nothing drafts)
     hold: bool = False
 
     def __init__(self, n_max: int):
@@ -52,46 +48,4 @@ class DraftPolicy:
         pass
 
 
-class LoadGate(DraftPolicy):
-    """A sequence's policy while others share its decodes (mtp_cli.slots): then it drafts nothing,
-    the lookup included, since where rows cost compute a draft row is a row taken from someone's
-    decoding (on 2 cores a batch of 4 rows costs 3 single decodes, and drafting does not pay even
-    alone); alone, its own policy decides. The steps it held are that policy's foreign steps (left
-    out of what it measures). Drafting by a cost model of batched rows (a GPU's cheap rows) is still
-    to come."""
-
-    def __init__(self, inner: DraftPolicy, busy: Callable[[], bool]):
-        super().__init__(inner.n_max)
-        self.inner, self.busy = inner, busy
-        self.sleep = inner.sleep
-        self._held_at: Optional[float] = None  # when the step it held began
-
-    def begin(self, t_consumer: float) -> None:
-        self.inner.can_sleep = self.can_sleep
-        self.inner.begin(t_consumer)
-
-    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
-        now = time.perf_counter()
-        if self._held_at is not None:
-            self.inner.foreign(now - self._held_at)
-            self._held_at = None
-        if self.busy():
-            self._held_at = now
-            # (quiet: the target computes no h rows for it; woken, its head restarts without one)
-            self.hold, self.sleep, self.shadow, self.quiet = True, True, False, 1
-            return 0
-        n = self.inner.step(drafted, accepted, t_consumer, done)
-        self.hold, self.sleep, self.shadow, self.quiet = False, self.inner.sleep, self.inner.shadow, self.inner.quiet
-        return n
-
-    def shadow_result(self, hit: bool) -> None:
-        self.inner.shadow_result(hit)
-
-    def foreign(self, seconds: float) -> None:
-        self.inner.foreign(seconds)
-
-    def end(self, done: int) -> None:
-        self.inner.end(done)
-
-
-__all__ = ["DraftPolicy", "LoadGate"]
+__all__ = ["DraftPolicy"]

@@ -12,7 +12,9 @@ while a new prompt is read.
             ...  # out.events: this step's tokens; out.ended: its generation ended (out.error: why)
 
 Each sequence's loop (mtp_cli.loop) chooses, drafts and rolls back as alone; only the decode is
-shared. Drafters still decode apart (each in its own context): one head decode for every
+shared. Every step's decode is measured into the context's StepCosts (a decode of R rows, whoever's
+rows they are), from which a sequence whose draft length is not forced decides beside the others
+(mtp_cli.load). Drafters still decode apart (each in its own context): one head decode for every
 sequence's drafts is a later step.
 """
 
@@ -25,14 +27,14 @@ from typing import Optional
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.errors import MtpError
+from mtp_cli.load import DraftRecord, LoadGate
 from mtp_cli.loop import VerifyLoop
-from mtp_cli.policy import LoadGate
 from mtp_cli.runtime import Prepared, Runtime
 from mtp_cli.stats import GenStats, TokenEvent
 
 _now = time.perf_counter
 
-LOAD_AFTER = 16  # steps after the last shared one during which a gated sequence still holds
+LOAD_AFTER = 16  # steps after the last shared one during which a gated sequence still counts its rows
 
 
 @dataclass
@@ -64,15 +66,23 @@ class BatchRunner:
         self.running: dict[int, _Running] = {}
         self._batch: Optional[lx.Batch] = None
         self._steps = 0
+        self._rows: dict[int, int] = {}  # the last step's rows, by sequence
         self._shared_at = -LOAD_AFTER  # the last step that held more than one sequence
+        self._shared_rows: dict[int, int] = {}  # that step's rows, by sequence
+        self.records: dict[tuple[int, str], DraftRecord] = {}  # by sequence and drafter: kept across generations
 
     def add(self, prep: Prepared, gate: bool = False) -> GenStats:
         """Start a prepared generation (Runtime.prepare); its tokens come from the next steps. gate:
-        it drafts nothing while other sequences run (policy.LoadGate: a draft length not forced)."""
+        beside other sequences it drafts only what pays for its rows (load.LoadGate: a draft length
+        not forced)."""
         if prep.seq in self.running:
             raise MtpError(f"sequence {prep.seq} is running")
         if gate:
-            prep.policy = LoadGate(prep.policy, self._loaded)
+            rec = self.records.setdefault((prep.seq, prep.drafter.name), DraftRecord())
+            d, seq = prep.drafter, prep.seq
+            prep.policy = LoadGate(
+                prep.policy, lambda: self._others(seq), prep.ctxs.costs, rec, lambda: (d.t_decode, d.n_decode)
+            )
         loop = self.rt.start(prep)
         r = _Running(prep, loop, _now(), False)
         try:
@@ -83,10 +93,15 @@ class BatchRunner:
         self.running[prep.seq] = r
         return prep.stats
 
-    def _loaded(self) -> bool:
-        """Whether sequences share the decodes, or did within the last LOAD_AFTER steps (a sequence
-        alone for a step or two between others' requests does not start drafting)."""
-        return len(self.running) > 1 or self._steps - self._shared_at < LOAD_AFTER
+    def _others(self, seq: int) -> int:
+        """The rows the other running sequences put in the last step (one for one that joined since);
+        alone, those of the last step that held several, within the last LOAD_AFTER steps (a sequence
+        alone for a step or two between others' requests still counts them), else 0."""
+        if len(self.running) > 1:
+            return sum(self._rows.get(s, 1) for s in self.running if s != seq)
+        if self._steps - self._shared_at >= LOAD_AFTER:
+            return 0
+        return sum(n for s, n in self._shared_rows.items() if s != seq)
 
     def cancel(self, seq: int) -> Optional[GenStats]:
         """End a sequence's generation between steps ("interrupted"; its memory stays known)."""
@@ -101,11 +116,11 @@ class BatchRunner:
         """One decode holding every running sequence's rows; what each got. Ended ones leave."""
         out = {seq: StepOut() for seq in self.running}
         self._steps += 1
-        if len(self.running) > 1:
-            self._shared_at = self._steps
         placed = self._fill(out)
         self._h_rows([r.loop for r, _, _ in placed])
+        self._count(placed)
         if placed:
+            prompt_in = any(r.loop.prefilling for r, _, _ in placed)
             t = _now()
             try:
                 lx.decode(placed[0][0].loop.tgt, self._batch)  # type: ignore[arg-type]
@@ -114,6 +129,12 @@ class BatchRunner:
                     out[r.prep.seq].error, out[r.prep.seq].ended = e, True
                 placed = []
             dt = _now() - t
+            if placed:  # (a decode of R rows, whoever's: what drafting beside others weighs; a prompt's apart)
+                costs = placed[0][0].loop.costs
+                if prompt_in:
+                    costs.unobserved()
+                else:
+                    costs.observe(self._batch.n_tokens - 1, dt)  # type: ignore[union-attr]
         for r, row0, out0 in placed:
             o = out[r.prep.seq]
             try:
@@ -155,6 +176,13 @@ class BatchRunner:
             except BaseException as e:
                 o.error, o.ended = e, True
         return placed
+
+    def _count(self, placed: list[tuple[_Running, int, int]]) -> None:
+        """This step's rows by sequence (what _others reads at the next)."""
+        ends = [row0 for _, row0, _ in placed[1:]] + [self._batch.n_tokens if self._batch else 0]
+        self._rows = {r.prep.seq: end - row0 for (r, row0, _), end in zip(placed, ends)}
+        if len(self._rows) > 1:
+            self._shared_rows, self._shared_at = self._rows, self._steps
 
     @staticmethod
     def _h_rows(loops: list[VerifyLoop]) -> None:

@@ -1,6 +1,7 @@
 """What a verify pass costs on this machine, learned from the loop's own decodes (ARCHITECTURE §6).
 
-v(k) = the seconds of a target decode of k drafts + 1 token over those of a plain step (k = 0); a
+v(k) = the seconds of a target decode of k + 1 rows (k drafts and the last token, or several
+sequences' rows: mtp_cli.slots) over those of a plain step (k = 0); a
 drafter that chooses its own length (the text lookup) weighs the tokens a draft would give against
 v(k). Each k's passes are kept as a decayed mean; v(k) for k >= 1 is the line a + b k fitted to
 those means by weighted least squares (a k's weight: how often it was measured, capped), with two
@@ -23,6 +24,7 @@ PRIOR_FIRST, PRIOR_SLOPE = 1.45, 0.19
 PRIOR_AT = (1, 16)  # where the prior's pseudo-measurements sit (one weight each)
 WEIGHT_CAP = 16  # a k's weight in the fit at most: its passes' count
 COLD = 1.5  # a first pass of k dearer than this times what was expected of it is a cold one
+KNOWN = 4  # passes of one k >= 1 after which the fit is taken as measured (known())
 DECAY = 0.1  # weight of a new measurement in its k's mean (recent costs matter: the context grows)
 
 
@@ -80,6 +82,15 @@ class StepCosts:
         sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
         b = max(0.0, sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx)
         return my - b * mx, b
+
+    def plain(self) -> Optional[float]:
+        """The decayed mean seconds of a plain step (one row), once measured."""
+        return self._t.get(0)
+
+    def known(self) -> bool:
+        """Whether v is this machine's rather than the prior's: a plain step and some KNOWN passes of
+        more rows measured."""
+        return 0 in self._t and any(n >= KNOWN for k, n in self._n.items() if k > 0)
 
     def measured(self) -> dict[int, float]:
         """Each measured k's own mean relative to a plain step (reports, tests)."""
