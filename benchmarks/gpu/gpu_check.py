@@ -1,6 +1,8 @@
 """The GPU check's measurements (run by run.sh; also runs on a CPU with -ngl 0): what llama.cpp sees,
-the cost model (T, v(N) for N = 1..8, c), `mtp-cli bench` and `tune --no-save`, and decode-time
-acceptance on the evaluation prompts. One JSON file, and a table printed.
+the cost model (T, v(N) for N = 1..8, c), `mtp-cli bench` and `tune --no-save`, decode-time
+acceptance on the evaluation prompts, and 4 slots batched (benchmarks/batch_bench.py: plain, N = 3
+forced, and auto, which drafts beside other slots only where that pays). One JSON file, and a table
+printed.
 
     python benchmarks/gpu/gpu_check.py -m demo.gguf -ngl 99 --out results.json [--quick]
 
@@ -18,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import batch_bench  # noqa: E402
 
 from mtp_cli import llama_ext as lx  # noqa: E402
 from mtp_cli.chat import chat_prompt  # noqa: E402
@@ -86,6 +91,8 @@ def table(doc: dict[str, Any]) -> str:
         + " ".join(f"{x:.2f}" for x in a["acceptance_by_pos"])
         + f"; {a['tokens_per_pass']:.2f} tokens per pass"
     )
+    if "slots" in doc:
+        out.append(batch_bench.table(doc["slots"]))
     return "\n".join(out)
 
 
@@ -126,6 +133,15 @@ def main() -> None:
     }
     print("acceptance", flush=True)
     doc["acceptance"] = acceptance(args.model, args.ngl, args.threads, evals[:6] if args.quick else evals, 128)
+    print("slots", flush=True)
+    doc["slots"] = batch_bench.sweep(
+        str(args.model),
+        ["none", "3", "auto"],
+        slots=4,
+        repeats=1 if args.quick else 3,
+        n_gpu_layers=args.ngl,
+        n_threads=args.threads,
+    )
     doc["seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str))
