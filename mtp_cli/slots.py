@@ -66,9 +66,9 @@ class BatchRunner:
         self.running: dict[int, _Running] = {}
         self._batch: Optional[lx.Batch] = None
         self._steps = 0
-        self._rows: dict[int, int] = {}  # the last step's rows, by sequence
+        self._last: dict[int, tuple[int, int]] = {}  # the last step's (rows, tokens), by sequence
         self._shared_at = -LOAD_AFTER  # the last step that held more than one sequence
-        self._shared_rows: dict[int, int] = {}  # that step's rows, by sequence
+        self._shared: dict[int, tuple[int, int]] = {}  # that step's (rows, tokens), by sequence
         self.records: dict[tuple[int, str], DraftRecord] = {}  # by sequence and drafter: kept across generations
 
     def add(self, prep: Prepared, gate: bool = False) -> GenStats:
@@ -80,9 +80,10 @@ class BatchRunner:
         if gate:
             rec = self.records.setdefault((prep.seq, prep.drafter.name), DraftRecord())
             d, seq = prep.drafter, prep.seq
-            prep.policy = LoadGate(
-                prep.policy, lambda: self._others(seq), prep.ctxs.costs, rec, lambda: (d.t_decode, d.n_decode)
-            )
+            clock = (lambda: d.t_decode) if d.drafts_with_model else None
+            by_load = LoadGate(prep.policy, lambda: self._others(seq), prep.ctxs.costs, rec, clock)
+            by_load.start()
+            prep.policy = by_load
         loop = self.rt.start(prep)
         r = _Running(prep, loop, _now(), False)
         try:
@@ -93,15 +94,15 @@ class BatchRunner:
         self.running[prep.seq] = r
         return prep.stats
 
-    def _others(self, seq: int) -> int:
-        """The rows the other running sequences put in the last step (one for one that joined since);
-        alone, those of the last step that held several, within the last LOAD_AFTER steps (a sequence
-        alone for a step or two between others' requests still counts them), else 0."""
-        if len(self.running) > 1:
-            return sum(self._rows.get(s, 1) for s in self.running if s != seq)
-        if self._steps - self._shared_at >= LOAD_AFTER:
-            return 0
-        return sum(n for s, n in self._shared_rows.items() if s != seq)
+    def _others(self, seq: int) -> tuple[int, int, int]:
+        """The rows the other running sequences put in the last step, the tokens it gave them and the
+        drafts among the rows (a prompt chunk, or one that joined since: one row, one token);
+        alone, those of the last step that held several, for LOAD_AFTER steps (a sequence alone for
+        a step or two between others' requests still counts them), else (0, 0, 0)."""
+        last = [self._last.get(s, (1, 1)) for s in self.running if s != seq]
+        if not last and self._steps - self._shared_at <= LOAD_AFTER:
+            last = [rt for s, rt in self._shared.items() if s != seq]
+        return sum(r for r, _ in last), sum(t for _, t in last), sum(r - 1 for r, _ in last)
 
     def cancel(self, seq: int) -> Optional[GenStats]:
         """End a sequence's generation between steps ("interrupted"; its memory stays known)."""
@@ -118,9 +119,8 @@ class BatchRunner:
         self._steps += 1
         placed = self._fill(out)
         self._h_rows([r.loop for r, _, _ in placed])
-        self._count(placed)
+        shape = self._shape(placed)
         if placed:
-            prompt_in = any(r.loop.prefilling for r, _, _ in placed)
             t = _now()
             try:
                 lx.decode(placed[0][0].loop.tgt, self._batch)  # type: ignore[arg-type]
@@ -131,7 +131,7 @@ class BatchRunner:
             dt = _now() - t
             if placed:  # (a decode of R rows, whoever's: what drafting beside others weighs; a prompt's apart)
                 costs = placed[0][0].loop.costs
-                if prompt_in:
+                if 0 in shape.values():
                     costs.unobserved()
                 else:
                     costs.observe(self._batch.n_tokens - 1, dt)  # type: ignore[union-attr]
@@ -141,6 +141,7 @@ class BatchRunner:
                 o.ended = _drain(r.loop.after(row0, out0, dt), o.events)
             except BaseException as e:
                 o.error, o.ended = e, True
+        self._count(shape, out)
         for seq, o in out.items():
             if o.ended:
                 r = self.running.pop(seq)
@@ -177,12 +178,16 @@ class BatchRunner:
                 o.error, o.ended = e, True
         return placed
 
-    def _count(self, placed: list[tuple[_Running, int, int]]) -> None:
-        """This step's rows by sequence (what _others reads at the next)."""
+    def _shape(self, placed: list[tuple[_Running, int, int]]) -> dict[int, int]:
+        """This step's rows by sequence; a prompt chunk's as 0."""
         ends = [row0 for _, row0, _ in placed[1:]] + [self._batch.n_tokens if self._batch else 0]
-        self._rows = {r.prep.seq: end - row0 for (r, row0, _), end in zip(placed, ends)}
-        if len(self._rows) > 1:
-            self._shared_rows, self._shared_at = self._rows, self._steps
+        return {r.prep.seq: 0 if r.loop.prefilling else end - row0 for (r, row0, _), end in zip(placed, ends)}
+
+    def _count(self, shape: dict[int, int], out: dict[int, StepOut]) -> None:
+        """The step's (rows, tokens) by sequence, a prompt chunk's as (1, 1) (what _others reads next)."""
+        self._last = {s: (n, len(out[s].events)) if n else (1, 1) for s, n in shape.items()}
+        if len(self._last) > 1:
+            self._shared, self._shared_at = self._last, self._steps
 
     @staticmethod
     def _h_rows(loops: list[VerifyLoop]) -> None:

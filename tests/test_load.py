@@ -1,7 +1,8 @@
 """Drafting by load (mtp_cli.load): beside other sequences a sequence drafts only what pays for the rows
 it adds to the shared decode, by this machine's measured costs and its own acceptance; alone its own
-policy decides. The rule (drafts_beside), the record it reads, the gate's steps, and the runner
-measuring every shared decode and drafting beside another sequence exactly."""
+policy decides. The rule (drafts_beside), the record it reads, the gate's steps, several gates
+together, and the runner: what it counts of the others' steps, what it measures, and drafting beside
+another sequence exactly."""
 
 from __future__ import annotations
 
@@ -31,27 +32,36 @@ def gpu(k: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "rows, v, h, drafts",
+    "rows, tokens, drafted, v, h, drafts",
     [
-        (1, gpu, 0.1, True),  # alone where rows are cheap: the head pays
-        (4, gpu, 0.1, True),  # beside 3 others, still
-        (64, gpu, 0.1, False),  # a big batch: its rows give more than the drafts would
-        (1, cpu, 0.25, False),  # 2 cores: not even alone
-        (4, cpu, 0.25, False),
-        (4, gpu, 1.5, False),  # a head as dear as the target
-        (2, lambda k: 1.0 + k if k < 2 else 1.8 + 0.2 * k, 0.17, False),  # a fit's slope below the mean row's
+        (1, 1, 0, gpu, 0.1, True),  # alone where rows are cheap: the head pays
+        (4, 4, 0, gpu, 0.1, True),  # beside 3 others, still
+        (64, 64, 0, gpu, 0.1, False),  # a big batch: its rows give more than the drafts would
+        (1, 1, 0, cpu, 0.25, False),  # 2 cores: not even alone
+        (4, 4, 0, cpu, 0.25, False),
+        (4, 4, 0, gpu, 1.5, False),  # a head as dear as the target
+        (2, 2, 0, lambda k: 1.0 + k if k < 2 else 1.8 + 0.2 * k, 0.17, False),  # a fit's slope below the mean row's
+        (13, 13, 9, gpu, 0.02, False),  # beside 3 others drafting 3, all kept: no room
+        (13, 7, 9, gpu, 0.02, True),  # the same rows giving 7 tokens: rejected drafts give none
     ],
 )
-def test_drafts_beside_weighs_the_drafts_against_the_rows_they_add(rows, v, h, drafts):
-    k = drafts_beside(rows, ACC, v, h)
+def test_drafts_beside_weighs_the_drafts_against_the_rows_they_add(rows, tokens, drafted, v, h, drafts):
+    k = drafts_beside(rows, tokens, ACC, v, h, drafted=drafted)
     assert (k > 0) is drafts
     if drafts:  # (the best k: each further draft's chance against its row)
         row = max(v(rows) - v(rows - 1), (v(rows - 1) - 1) / (rows - 1) if rows > 1 else 0)
-        rate = lambda n: (rows + sum(ACC[:n])) / (v(rows - 1) + n * (row + h))  # noqa: E731
+        now = v(rows - 1) + drafted * h
+        rate = lambda n: (tokens + sum(ACC[:n])) / (now + n * (row + h))  # noqa: E731
         assert rate(k) == max(rate(n) for n in (1, 2, 3))
 
 
-def test_the_record_knows_acceptance_only_on_evidence_and_follows_the_drafters_clock():
+def test_the_margin_holds_to_start_and_not_to_go_on():
+    v = lambda k: 1.0 + 0.3 * k  # noqa: E731
+    assert drafts_beside(2, 2, ACC[:1], v, 0.1) == 0  # (pays 5%: not enough to start)
+    assert drafts_beside(2, 2, ACC[:1], v, 0.1, margin=1.0) == 1
+
+
+def test_the_record_knows_acceptance_only_on_evidence():
     r = DraftRecord()
     r.seen(0, 0)  # (a step that drafted nothing says nothing)
     assert r.acceptance(3) is None
@@ -60,11 +70,25 @@ def test_the_record_knows_acceptance_only_on_evidence_and_follows_the_drafters_c
     acc = r.acceptance(4)
     assert acc[0] == pytest.approx(1.0) and acc[1] == pytest.approx(0.0)
     assert acc[2] == acc[3] == pytest.approx(0.0)  # (past what was seen: geometric, never rising)
-    r.clocked(0.0, 0)
-    r.clocked(0.03, 3)  # 3 decodes in 30 ms
+    thin = DraftRecord()
+    evidence(thin, 1, 1)
+    thin.seen(3, 3)  # (one deep step is no evidence for positions 2 and 3: continued from position 1)
+    assert thin.acceptance(3)[1] == pytest.approx(thin.acceptance(3)[0] ** 2)
+
+
+def test_the_record_times_the_drafter_per_token_drafted_but_a_generations_first_drafting_step():
+    r = DraftRecord()
+    r.begin()
+    r.clocked(0.0, -1)  # (the first step: nothing drafted yet)
+    r.clocked(0.5, 3)  # the first drafting step (the prompt's catch-up in it): not timed
+    assert r.head_s is None
+    r.clocked(0.53, 3)  # 3 drafts in 30 ms
+    r.clocked(0.53, 0)  # (a step that drafted nothing)
     assert r.head_s == pytest.approx(0.01)
-    r.clocked(0.0, 0)  # (a new generation restarts the drafter's totals)
-    r.clocked(0.02, 1)
+    r.begin()  # a new generation: its drafter's seconds restart
+    r.clocked(0.0, 0)
+    r.clocked(0.2, 1)
+    r.clocked(0.22, 1)
     assert r.head_s == pytest.approx(0.01 + 0.1 * (0.02 - 0.01))
 
 
@@ -72,10 +96,11 @@ class Inner(DraftPolicy):
     def __init__(self):
         super().__init__(3)
         self.sleep = True
-        self.calls, self.foreign_steps = 0, 0
+        self.calls, self.foreign_steps, self.told = 0, 0, []
 
     def step(self, drafted, accepted, t_consumer, done):
         self.calls += 1
+        self.told.append((drafted, accepted))
         return 3
 
     def foreign(self, seconds):
@@ -91,29 +116,37 @@ def measured(v) -> StepCosts:
 
 
 def gate(v, others, known=True, head_s=0.001):
+    """others: a one-item list holding (rows, tokens, drafts) of the others' last step."""
     rec = DraftRecord()
     if known:
         evidence(rec, 3, 3)
     rec.head_s = head_s
     inner = Inner()
-    return LoadGate(inner, lambda: others[0], measured(v), rec, lambda: (0.0, 0)), inner
+    return LoadGate(inner, lambda: others[0], measured(v), rec, lambda: 0.0), inner
 
 
 def test_beside_others_the_gate_decides_and_an_asleep_head_first_catches_up():
-    others = [3]
+    others = [(3, 3, 0)]
     g, inner = gate(gpu, others)
     ns = [g.step(-1, -1, 0.0, 0)]
     assert g.hold and not g.sleep and ns == [0]  # (the lookup holds; the head wakes to catch up)
     ns += [g.step(0, 0, 0.0, i) for i in range(1, LOAD_WARM + 2)]
     assert ns[:LOAD_WARM] == [0] * LOAD_WARM and ns[LOAD_WARM] == 3
     assert inner.calls == 0 and inner.foreign_steps == LOAD_WARM + 1  # (its steps are the inner's foreign ones)
-    others[0] = 0  # alone: the inner policy decides
+    others[0] = (0, 0, 0)  # alone: the inner policy decides, told nothing of the gate's last step
     assert g.step(3, 3, 0.0, 20) == 3 and inner.calls == 1 and not g.hold
+    assert inner.told == [(0, 0)] and inner.foreign_steps == LOAD_WARM + 2
+    g.step(3, 2, 0.0, 21)
+    assert inner.told[-1] == (3, 2)  # (its own step: reported)
+    others[0] = (3, 3, 0)
+    g.step(3, 3, 0.0, 22)
+    g.end(23)  # (a generation ending on a step decided here: that one is foreign too)
+    assert inner.foreign_steps == LOAD_WARM + 3
 
 
 @pytest.mark.parametrize("why", ["cpu costs", "no evidence", "costs unknown"])
 def test_beside_others_the_gate_holds_where_drafts_cannot_pay_or_it_does_not_know(why):
-    others = [3]
+    others = [(3, 3, 0)]
     g, inner = gate(cpu if why == "cpu costs" else gpu, others, known=why != "no evidence")
     if why == "costs unknown":
         g.costs = StepCosts()
@@ -123,13 +156,87 @@ def test_beside_others_the_gate_holds_where_drafts_cannot_pay_or_it_does_not_kno
 
 
 def test_a_decision_holds_for_a_window():
-    others = [3]
+    others = [(3, 3, 0)]
     g, _ = gate(gpu, others)
     g.sleep = False  # (an awake head drafts at once)
     assert g.step(0, 0, 0.0, 0) == 3
-    g.costs = measured(cpu)  # (costs turn dear: seen at the next decision, not before)
+    g.costs = measured(lambda k: 1.0 + k)  # (costs turn dear: seen at the next decision, not before)
     ns = [g.step(3, 3, 0.0, i) for i in range(1, LOAD_WINDOW + 1)]
     assert ns == [3] * (LOAD_WINDOW - 1) + [0]
+
+
+@pytest.mark.parametrize("v, drafts", [(cpu, False), (gpu, True)])
+def test_started_beside_others_a_head_that_would_not_pay_follows_none_of_the_prompt(v, drafts):
+    g, inner = gate(v, [(3, 3, 0)])
+    inner.sleep = g.sleep = False  # (its controller is drafting)
+    g.start()
+    assert g.sleep is not drafts
+
+
+def test_several_gates_draft_together_steadily_where_rows_are_cheap():
+    """Four slots beside each other on GPU-like costs, each head's draft a tenth of a decode: once all
+    draft, each step also takes the others' head decodes, so going on pays (left out, every slot
+    saw its drafts pay less than the batch's mean and stopped every other window, a warm-up each
+    time)."""
+    gates = [gate(gpu, [(0, 0, 0)])[0] for _ in range(4)]
+    last = [(1, 1)] * 4  # (rows, tokens) of each slot's last step (every draft kept)
+    clocks = [0.0] * 4  # each head's seconds: 1 ms a draft, a tenth of the target's 10 ms decode
+    for i, g in enumerate(gates):
+        g.others = lambda i=i: tuple(sum(x) for x in zip(*[(r, t, r - 1) for j, (r, t) in enumerate(last) if j != i]))
+        g.clock = lambda i=i: clocks[i]
+    ns = []
+    for step in range(6 * LOAD_WINDOW):
+        n = [g.step(last[i][0] - 1, last[i][0] - 1, 0.0, step) for i, g in enumerate(gates)]
+        last = [(1 + k, 1 + k) for k in n]
+        clocks = [c + 0.001 * k for c, k in zip(clocks, n)]
+        ns.append(n)
+    assert gates[0].record.head_s == pytest.approx(0.001)
+    assert all(k > 0 for n in ns[LOAD_WARM + 1 :] for k in n)
+
+
+def test_the_runner_counts_the_others_steps_and_measures_every_shared_decode(tiny_models):
+    """_others: the other sequences' rows and tokens in the last step (drafts as the tokens they
+    gave, a prompt chunk or a sequence that joined since as one and one), then alone those of the
+    last shared step for 16 steps; StepCosts gets every decode but one holding a prompt chunk."""
+    from dataclasses import replace
+
+    from mtp_cli.runtime import Runtime
+    from mtp_cli.slots import LOAD_AFTER, BatchRunner
+    from tests.parity import SENSITIVE, greedy
+
+    s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    with Runtime.load(s["full"], spec_type="mtp", n_parallel=2) as rt:
+        cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=512, n_batch=4, n_predict=200, ignore_eos=True)
+        runner = BatchRunner(rt)
+        prep = rt.prepare(rt.tokenize("the cat sat on the mat"), cfg, seq=0)
+        costs, seen = prep.ctxs.costs, []
+        real = costs.observe
+        costs.observe = lambda k, t: seen.append(k) or real(k, t)  # type: ignore[method-assign]
+        assert runner._others(1) == (0, 0, 0)  # (nothing runs)
+        runner.add(prep)
+        assert runner._others(1) == (1, 1, 0) and runner._others(0) == (0, 0, 0)  # (joined, not stepped yet)
+        while runner.running[0].loop.prefilling:
+            runner.step()
+            assert runner._others(1) == (1, 1, 0) and not seen  # (a prompt chunk: one and one, not measured)
+        runner.step()
+        drafted, rows = len(runner.running[0].loop._drafts), runner._last[0][0]
+        kept = runner.running[0].loop.a
+        assert rows == 1 + drafted and runner._others(1) == (rows, 1 + kept, drafted) and seen == [drafted]
+        runner.add(rt.prepare(rt.tokenize("hello world"), replace(cfg, n_predict=12), seq=1))
+        steps = 0
+        while 1 in runner.running:
+            runner.step()
+            steps += 1
+        shared = runner._shared
+        assert steps > 2
+        theirs = (*shared[1], shared[1][0] - 1)
+        assert len(shared) == 2 and runner._others(0) == theirs
+        for _ in range(LOAD_AFTER - (runner._steps - runner._shared_at)):
+            assert runner._others(0) == theirs and 0 in runner.running
+            runner.step()
+        runner.step()
+        assert runner._others(0) == (0, 0, 0) and 0 in runner.running
+        runner.close()
 
 
 def test_the_runner_measures_every_shared_decode_and_drafts_beside_another_exactly(tiny_models, monkeypatch):
@@ -141,7 +248,7 @@ def test_the_runner_measures_every_shared_decode_and_drafts_beside_another_exact
     from mtp_cli.slots import BatchRunner
     from tests.parity import SENSITIVE, greedy
 
-    monkeypatch.setattr(load, "drafts_beside", lambda rows, acc, v, h: 2)
+    monkeypatch.setattr(load, "drafts_beside", lambda rows, tokens, acc, v, h, margin, drafted: 2)
     s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
     texts = ("hello world hello world hello world", "the cat sat on")
     with Runtime.load(s["full"], spec_type="lookup,mtp", n_parallel=2) as rt:
@@ -168,3 +275,4 @@ def test_the_runner_measures_every_shared_decode_and_drafts_beside_another_exact
         assert [toks[0], toks[1]] == plain
         assert prep.ctxs.costs.known() and max(prep.ctxs.costs.measured()) >= 2
         assert shared > 0 and other.n_drafted > 0 and not any(asked)
+        assert rec.head_s != 1e-4  # (its drafting steps were timed)

@@ -212,3 +212,31 @@ def test_every_decode_runs_on_the_thread_that_loaded_the_model(tiny, monkeypatch
         engine.close()
     assert len(threads["load"]) == 1 and threads["decode"] == threads["load"]
     assert threads["load"] != {threading.main_thread()}
+
+
+def test_a_request_that_fixes_its_draft_length_keeps_it_beside_others(tiny, alone):
+    """Under the server's auto, a request giving llama-server's `speculative.n_max` drafts that N
+    while another request runs beside it (it is not put under drafting by load): each answer and its
+    drafts' fate are the request's alone, at the same N."""
+    base = GenConfig(spec_type="mtp", draft_mode="auto", n_ctx=N_CTX // 2, n_threads=1)
+    engine = Engine.load(tiny["full"], base, load=LoadConfig(spec_type="mtp", n_parallel=2))
+    s = Served(engine.start())
+    got: dict[str, tuple] = {}
+
+    def client(p: str) -> None:
+        msgs = [{"role": "user", "content": p}]
+        r = s.client().chat.completions.create(
+            model="m", messages=msgs, temperature=0, max_tokens=24, extra_body={"speculative.n_max": 3}
+        )
+        got[p] = (r.choices[0].message.content, _mtp(r.model_extra["mtp"]))
+
+    try:
+        threads = [threading.Thread(target=client, args=(p,)) for p in PROMPTS[:2]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        s.close()
+        engine.close()
+    assert got == {p: alone[p] for p in PROMPTS[:2]}

@@ -206,9 +206,10 @@ def test_batched_sequences_whose_drafters_sleep_and_wake_apart(tiny_models):
 
 
 def test_under_load_a_gated_sequence_drafts_nothing_and_alone_its_policy_decides(tiny_models):
-    """gate=True (a draft length not forced): while another sequence shares the decodes, no drafts,
-    the lookup's included; once alone, its own policy drafts again. The output stays plain
-    decoding's; the held steps are the inner policy's foreign ones."""
+    """gate=True (a draft length not forced): while another sequence shares the decodes and nothing
+    says drafting pays there (no acceptance of its own seen yet: mtp_cli.load), no drafts, the
+    lookup's included; once alone, its own policy drafts again. The output stays plain decoding's;
+    the held steps are the inner policy's foreign ones."""
     from mtp_cli.policy import DraftPolicy
     from mtp_cli.slots import BatchRunner
 

@@ -115,7 +115,8 @@ class SlotWorker:
             seq, b = self._pick(job)
             prep, taken = self.sessions[seq].prepare(b.prompt, b.res.config, b.res.policy)
             prep.progress = reporter(job) if b.req.return_progress else None
-            self.runner.add(prep, gate=self.e.base.draft_mode != "fixed")  # (a forced N stays forced)
+            forced = self.e.base.draft_mode == "fixed" or b.req.spec_n_max is not None
+            self.runner.add(prep, gate=not forced)  # (a forced N, the server's or the request's, stays forced)
         except (ConfigError, ChatTemplateError) as e:
             job.emit(Failed(e, 400))
             return
