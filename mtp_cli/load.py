@@ -18,8 +18,10 @@ where it cost 0.8, and had 2-row steps drafting); acc: the sequence's acceptance
 (DraftRecord, kept across its generations); h: its drafter's time per draft over a one-row target
 decode (what its drafting steps took, catch-up included, per token drafted; 0 for a drafter that
 decodes nothing). margin: LOAD_MARGIN to start drafting, 1 to go on (a switch costs a warm-up).
-Costs not yet measured, a drafter never timed or too little acceptance evidence: no drafts. Alone,
-the sequence's own policy decides.
+Costs not yet measured: no drafts. A drafter never timed or too little acceptance evidence (a slot
+that has never been alone): after LOAD_PROBE_GAP such steps beside others, a probe of
+LOAD_PROBE_STEPS single drafts, if perfect drafts from a free drafter would pay at all (on the AMD
+EPYC they hardly would). Alone, the sequence's own policy decides.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ LOAD_WINDOW = 8  # steps between decisions beside others (each switch rebuilds g
 LOAD_WARM = 8  # an asleep head follows this many steps before it drafts beside others (cold, it drafts low)
 LOAD_EVIDENCE = 16.0  # decayed first-draft counts below which a sequence's acceptance is unknown
 POS_EVIDENCE = 4.0  # ... below which a later position's is continued from the earlier ones (geometric)
+LOAD_PROBE_GAP = 256  # steps beside others without evidence before a probe (short runs never pay for one)
+LOAD_PROBE_STEPS = 24  # a probe's single drafts (decayed, the evidence LOAD_EVIDENCE asks for, and some)
 GAMMA = 0.99  # per drafted step: acceptance evidence halves in ~69 of them
 HEAD_DECAY = 0.1  # weight of a new drafter decode time in its mean
 
@@ -54,6 +58,8 @@ class DraftRecord:
     head_s: Optional[float] = None
     _last: Optional[float] = None  # the drafter's seconds at the last step (None: a generation began)
     _fresh = True  # no drafting step of this generation timed yet (its first holds the prompt's catch-up)
+    unknown: int = 0  # steps beside others without evidence since the last probe
+    probe: int = 0  # drafted steps the running probe still asks for
 
     def seen(self, k: int, a: int) -> None:
         """A step drafted k tokens and kept the first a."""
@@ -175,6 +181,11 @@ class LoadGate(DraftPolicy):
             self._held_at = None
 
     def _beside(self, rows: int, tokens: int, drafted: int) -> int:
+        rec = self.record
+        if self._k and not self._warm and rec.probe:  # (the last step drafted for a probe)
+            rec.probe -= 1
+        elif not self._known():
+            rec.unknown += 1
         if self._due <= 0:
             margin = 1.0 if self._k else LOAD_MARGIN  # (to go on drafting it need only pay)
             self._k, self._due = self._decide(rows, tokens, drafted, margin), LOAD_WINDOW
@@ -192,9 +203,29 @@ class LoadGate(DraftPolicy):
         acc = self.record.acceptance(self.n_max)
         t1 = self.costs.plain()
         h = self.record.head_s if self.clock is not None else 0.0
-        if acc is None or not t1 or h is None or not self.costs.known():
+        if not t1 or not self.costs.known():
             return 0
+        if acc is None or h is None:
+            return 1 if self._probes(rows, tokens, drafted) else 0
         return drafts_beside(rows, tokens, acc, self.costs.v, h / t1, margin, drafted)
+
+    def _known(self) -> bool:
+        """Whether the record knows what this slot's drafts give and cost."""
+        return self.record.acceptance(1) is not None and (self.clock is None or self.record.head_s is not None)
+
+    def _probes(self, rows: int, tokens: int, drafted: int) -> bool:
+        """Whether single drafts run now to learn what this slot's drafts give (a probe runs, or one is
+        due and perfect drafts of a free drafter would pay)."""
+        rec = self.record
+        if rec.probe:
+            return True
+        if rec.unknown < LOAD_PROBE_GAP:
+            return False
+        rec.unknown = 0
+        if not drafts_beside(rows, tokens, [1.0] * self.n_max, self.costs.v, 0.0, LOAD_MARGIN, drafted):
+            return False
+        rec.probe = LOAD_PROBE_STEPS
+        return True
 
     def shadow_result(self, hit: bool) -> None:
         self.record.seen(1, int(hit))
@@ -208,4 +239,13 @@ class LoadGate(DraftPolicy):
         self.inner.end(done)
 
 
-__all__ = ["DraftRecord", "LoadGate", "drafts_beside", "LOAD_MARGIN", "LOAD_WARM", "LOAD_WINDOW"]
+__all__ = [
+    "DraftRecord",
+    "LoadGate",
+    "drafts_beside",
+    "LOAD_MARGIN",
+    "LOAD_PROBE_GAP",
+    "LOAD_PROBE_STEPS",
+    "LOAD_WARM",
+    "LOAD_WINDOW",
+]

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from mtp_cli.load import LOAD_EVIDENCE, LOAD_WARM, LOAD_WINDOW, DraftRecord, LoadGate, drafts_beside
+from mtp_cli.load import (
+    LOAD_EVIDENCE,
+    LOAD_PROBE_GAP,
+    LOAD_PROBE_STEPS,
+    LOAD_WARM,
+    LOAD_WINDOW,
+    DraftRecord,
+    LoadGate,
+    drafts_beside,
+)
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.step_costs import StepCosts
 
@@ -171,6 +180,30 @@ def test_started_beside_others_a_head_that_would_not_pay_follows_none_of_the_pro
     inner.sleep = g.sleep = False  # (its controller is drafting)
     g.start()
     assert g.sleep is not drafts
+
+
+@pytest.mark.parametrize("v, probes", [(gpu, True), (cpu, False)])
+def test_a_slot_never_alone_probes_where_drafts_could_pay(v, probes):
+    """No evidence (the slot was never alone) and its head never timed: after LOAD_PROBE_GAP steps
+    beside others, single drafts for a while if perfect drafts of a free head would pay (not on the
+    AMD EPYC's costs); once they are in, the rule decides on them."""
+    others, clock = [(3, 3, 0)], [0.0]
+    g, inner = gate(v, others, known=False, head_s=None)
+    g.clock = lambda: clock[0]
+    ns: list[int] = []
+    k = 0
+    for i in range(LOAD_PROBE_GAP + LOAD_WINDOW + LOAD_WARM + 3 * LOAD_PROBE_STEPS):
+        k = g.step(k, k, 0.0, i)  # (every draft kept)
+        clock[0] += 0.001 * k
+        ns.append(k)
+    assert ns[:LOAD_PROBE_GAP] == [0] * LOAD_PROBE_GAP and inner.calls == 0
+    if not probes:
+        assert not any(ns)
+        return
+    first = ns.index(1)
+    assert first <= LOAD_PROBE_GAP + LOAD_WINDOW + LOAD_WARM and set(ns[first : first + LOAD_PROBE_STEPS - 8]) == {1}
+    assert g.record.acceptance(3) == pytest.approx([1.0, 1.0, 1.0]) and g.record.head_s == pytest.approx(0.001)
+    assert ns[-1] == 3  # (what it learned: all kept, a tenth of a decode each)
 
 
 def test_several_gates_draft_together_steadily_where_rows_are_cheap():
