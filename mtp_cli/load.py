@@ -149,6 +149,7 @@ class LoadGate(DraftPolicy):
         rows, tokens, drafted = self.others()
         if rows:
             self._k, self._due = self._decide(rows + 1, tokens + 1, drafted, LOAD_MARGIN), LOAD_WINDOW
+            self._warm = LOAD_WARM if self._k and self.sleep else 0  # (asleep through the prompt: cold)
             self.sleep = self.sleep or not self._k
 
     def begin(self, t_consumer: float) -> None:

@@ -180,6 +180,11 @@ def test_started_beside_others_a_head_that_would_not_pay_follows_none_of_the_pro
     inner.sleep = g.sleep = False  # (its controller is drafting)
     g.start()
     assert g.sleep is not drafts
+    if drafts:  # (awake, it followed the prompt: it drafts at once; asleep, it catches up first)
+        assert g.step(-1, -1, 0.0, 0) == 3
+        g2, _ = gate(v, [(3, 3, 0)])
+        g2.start()
+        assert g2.sleep and g2.step(-1, -1, 0.0, 0) == 0 and not g2.sleep
 
 
 @pytest.mark.parametrize("v, probes", [(gpu, True), (cpu, False)])
