@@ -20,8 +20,9 @@ decode (what its drafting steps took, catch-up included, per token drafted; 0 fo
 decodes nothing). margin: LOAD_MARGIN to start drafting, 1 to go on (a switch costs a warm-up).
 Costs not yet measured: no drafts. A drafter never timed or too little acceptance evidence (a slot
 that has never been alone): after LOAD_PROBE_GAP such steps beside others, a probe of
-LOAD_PROBE_STEPS single drafts, if perfect drafts from a free drafter would pay at all (on the AMD
-EPYC they hardly would). Alone, the sequence's own policy decides.
+LOAD_PROBE_STEPS steps drafting max(1, n_min), if perfect drafts from a free drafter would pay at all
+(on the AMD EPYC only at 2-3 rows); a probe that leaves it without evidence doubles the wait. Alone,
+the sequence's own policy decides.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ LOAD_WARM = 8  # an asleep head follows this many steps before it drafts beside 
 LOAD_EVIDENCE = 16.0  # decayed first-draft counts below which a sequence's acceptance is unknown
 POS_EVIDENCE = 4.0  # ... below which a later position's is continued from the earlier ones (geometric)
 LOAD_PROBE_GAP = 256  # steps beside others without evidence before a probe (short runs never pay for one)
-LOAD_PROBE_STEPS = 24  # a probe's single drafts (decayed, the evidence LOAD_EVIDENCE asks for, and some)
+LOAD_PROBE_GAP_MAX = 8192  # ... doubling after each probe that left it without (short generations, n_min)
+LOAD_PROBE_STEPS = 32  # a probe's steps beside others, warm-up included (24 drafts: the evidence asked for)
 GAMMA = 0.99  # per drafted step: acceptance evidence halves in ~69 of them
 HEAD_DECAY = 0.1  # weight of a new drafter decode time in its mean
 
@@ -57,9 +59,10 @@ class DraftRecord:
     accepted: list[float] = field(default_factory=list)
     head_s: Optional[float] = None
     _last: Optional[float] = None  # the drafter's seconds at the last step (None: a generation began)
-    _fresh = True  # no drafting step of this generation timed yet (its first holds the prompt's catch-up)
+    _prev = 0  # the drafts of the step before the last
     unknown: int = 0  # steps beside others without evidence since the last probe
-    probe: int = 0  # drafted steps the running probe still asks for
+    gap: int = LOAD_PROBE_GAP  # ... before the next probe
+    probe: int = 0  # steps beside others the running probe has left
 
     def seen(self, k: int, a: int) -> None:
         """A step drafted k tokens and kept the first a."""
@@ -73,16 +76,16 @@ class DraftRecord:
             self.accepted[i] = GAMMA * self.accepted[i] + (i < a)
 
     def begin(self) -> None:
-        """A generation begins: its drafter's seconds restart, and its first drafting step is not timed."""
-        self._last, self._fresh = None, True
+        """A generation begins: its drafter's seconds restart."""
+        self._last, self._prev = None, 0
 
     def clocked(self, seconds: float, k: int) -> None:
-        """The drafter's seconds this generation, now that a step drafting k tokens is over."""
+        """The drafter's seconds this generation, now that a step drafting k tokens is over. Timed
+        only after a drafting step: the first after steps without drafts also decodes their catch-up
+        rows (a generation's first, its prompt's; in a chain, the lookup's accepted drafts)."""
         t0, self._last = self._last, seconds
-        if t0 is None or seconds < t0 or k <= 0:
-            return
-        if self._fresh:
-            self._fresh = False
+        prev, self._prev = self._prev, k
+        if t0 is None or seconds < t0 or k <= 0 or prev <= 0:
             return
         per = (seconds - t0) / k
         self.head_s = per if self.head_s is None else self.head_s + HEAD_DECAY * (per - self.head_s)
@@ -108,11 +111,12 @@ def drafts_beside(
     h: float,
     margin: float = LOAD_MARGIN,
     drafted: int = 0,
+    n_min: int = 1,
 ) -> int:
     """The draft length k <= len(acc) for a sequence whose step shares a decode of `rows` rows giving
     `tokens` tokens (its own row and token included; `drafted` of the rows the others' drafts) that
     gives the most tokens per unit of time, if that beats the step without its drafts by `margin`;
-    else 0 (see the module docstring)."""
+    else 0 (see the module docstring). Fewer than n_min drafts are not drafted (llama.cpp's n_min)."""
     decode = v(rows - 1)
     row = max(v(rows) - decode, (decode - 1.0) / (rows - 1) if rows > 1 else 0.0)
     now = decode + drafted * h
@@ -120,7 +124,7 @@ def drafts_beside(
     for k in range(1, len(acc) + 1):
         gain += acc[k - 1]
         rate = (tokens + gain) / (now + k * (row + h))
-        if rate > top:
+        if rate > top and k >= n_min:
             best, top = k, rate
     return best
 
@@ -135,22 +139,29 @@ class LoadGate(DraftPolicy):
     generation, None for one that decodes nothing (h = 0)."""
 
     def __init__(
-        self, inner: DraftPolicy, others: Others, costs: StepCosts, record: DraftRecord, clock: Optional[Clock]
+        self,
+        inner: DraftPolicy,
+        others: Others,
+        costs: StepCosts,
+        record: DraftRecord,
+        clock: Optional[Clock],
+        n_min: int = 1,
     ):
         super().__init__(inner.n_max)
         self.inner, self.others, self.costs, self.record, self.clock = inner, others, costs, record, clock
+        self.n_min = max(1, n_min)  # (drafts shorter than this are discarded: a probe drafts this many)
         self.sleep = inner.sleep
         self._held_at: Optional[float] = None  # when the step decided here began
         self._k = self._due = self._warm = 0  # N beside others; steps until the next decision; warm-up left
 
     def start(self) -> None:
-        """Before its loop begins: beside others where drafts would not pay, the drafter follows none
-        of the prompt (asleep: no catch-up, no h rows for it); the decision holds for a window."""
+        """Before its loop begins, beside others: the decision, for a window; where drafts would not
+        pay the drafter follows none of the prompt (asleep: no catch-up, no h rows for it), else all
+        of it (awake: no warm-up)."""
         rows, tokens, drafted = self.others()
         if rows:
             self._k, self._due = self._decide(rows + 1, tokens + 1, drafted, LOAD_MARGIN), LOAD_WINDOW
-            self._warm = LOAD_WARM if self._k and self.sleep else 0  # (asleep through the prompt: cold)
-            self.sleep = self.sleep or not self._k
+            self.sleep = not self._k
 
     def begin(self, t_consumer: float) -> None:
         self.inner.can_sleep = self.can_sleep
@@ -168,7 +179,7 @@ class LoadGate(DraftPolicy):
         if rows:
             self._held_at = now
             return self._beside(rows + 1, tokens + 1, theirs)
-        self._due = 0
+        self._due = self._k = self._warm = 0
         if ours:  # (the last step was decided here: the inner policy hears nothing of it)
             drafted = accepted = 0
         n = self.inner.step(drafted, accepted, t_consumer, done)
@@ -183,8 +194,10 @@ class LoadGate(DraftPolicy):
 
     def _beside(self, rows: int, tokens: int, drafted: int) -> int:
         rec = self.record
-        if self._k and not self._warm and rec.probe:  # (the last step drafted for a probe)
+        if rec.probe:  # (a probe's steps beside others, warm-up included: it ends, evidence or not)
             rec.probe -= 1
+            if not rec.probe and not self._known():
+                rec.gap = min(2 * rec.gap, LOAD_PROBE_GAP_MAX)
         elif not self._known():
             rec.unknown += 1
         if self._due <= 0:
@@ -207,23 +220,24 @@ class LoadGate(DraftPolicy):
         if not t1 or not self.costs.known():
             return 0
         if acc is None or h is None:
-            return 1 if self._probes(rows, tokens, drafted) else 0
-        return drafts_beside(rows, tokens, acc, self.costs.v, h / t1, margin, drafted)
+            return self.n_min if self._probes(rows, tokens, drafted) else 0
+        return drafts_beside(rows, tokens, acc, self.costs.v, h / t1, margin, drafted, self.n_min)
 
     def _known(self) -> bool:
         """Whether the record knows what this slot's drafts give and cost."""
         return self.record.acceptance(1) is not None and (self.clock is None or self.record.head_s is not None)
 
     def _probes(self, rows: int, tokens: int, drafted: int) -> bool:
-        """Whether single drafts run now to learn what this slot's drafts give (a probe runs, or one is
-        due and perfect drafts of a free drafter would pay)."""
+        """Whether a probe's drafts run now to learn what this slot's drafts give (a probe runs, or one
+        is due and perfect drafts of a free drafter would pay)."""
         rec = self.record
         if rec.probe:
             return True
-        if rec.unknown < LOAD_PROBE_GAP:
+        if rec.unknown < rec.gap:
             return False
         rec.unknown = 0
-        if not drafts_beside(rows, tokens, [1.0] * self.n_max, self.costs.v, 0.0, LOAD_MARGIN, drafted):
+        perfect = [1.0] * self.n_max
+        if not drafts_beside(rows, tokens, perfect, self.costs.v, 0.0, LOAD_MARGIN, drafted, self.n_min):
             return False
         rec.probe = LOAD_PROBE_STEPS
         return True
@@ -246,6 +260,7 @@ __all__ = [
     "drafts_beside",
     "LOAD_MARGIN",
     "LOAD_PROBE_GAP",
+    "LOAD_PROBE_GAP_MAX",
     "LOAD_PROBE_STEPS",
     "LOAD_WARM",
     "LOAD_WINDOW",

@@ -81,7 +81,10 @@ class BatchRunner:
             rec = self.records.setdefault((prep.seq, prep.drafter.name), DraftRecord())
             d, seq = prep.drafter, prep.seq
             clock = (lambda: d.t_decode) if d.drafts_with_model else None
-            by_load = LoadGate(prep.policy, lambda: self._others(seq), prep.ctxs.costs, rec, clock)
+            by_load = LoadGate(
+                prep.policy, lambda: self._others(seq), prep.ctxs.costs, rec, clock, prep.cfg.draft_n_min
+            )
+            by_load.can_sleep = d.can_sleep
             by_load.start()
             prep.policy = by_load
         loop = self.rt.start(prep)
