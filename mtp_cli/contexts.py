@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig, LoadConfig
@@ -83,6 +83,7 @@ class Contexts:
     # by sequence, while it generates: what its memory holds so far that stays (VerifyLoop.settled)
     live: dict[int, Callable[[], Held]] = field(default_factory=dict)
     costs: StepCosts = field(default_factory=StepCosts)  # verify passes on this context, as measured
+    shared: dict[tuple[Any, ...], lx.Context] = field(default_factory=dict)  # drafter contexts all sequences share
 
     @classmethod
     def create(cls, model: lx.Model, key: ContextSettings) -> Contexts:
@@ -115,7 +116,9 @@ class Contexts:
                 d = cls([self.drafter(m, seq, models) for m in cls.members])
             else:
                 k = self.key
-                plan = ContextPlan(self.target, k.n_ctx, k.n_batch, k.n_threads, k.kv, self.costs, seq, k.n_seq)
+                plan = ContextPlan(
+                    self.target, k.n_ctx, k.n_batch, k.n_threads, k.kv, self.costs, seq, k.n_seq, self.shared
+                )
                 d = cls.create(models, plan)
             d.seq = seq
             self.drafters[(cls.name, seq)] = d
@@ -127,6 +130,9 @@ class Contexts:
         for d in self.drafters.values():
             d.close()  # (a chain's members are here too: the chain closes nothing itself)
         self.drafters.clear()
+        for c in self.shared.values():
+            c.close()
+        self.shared.clear()
         self.target.close()  # (a context still reading its memory is closed first)
 
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Optional
 
 import numpy as np
 
@@ -91,6 +91,17 @@ class ContextPlan:
     costs: Optional[StepCosts] = None  # what verify passes cost on this target (the loop measures them)
     seq: int = 0  # the sequence (slot) the drafter follows, in the target's context and its own
     n_seq: int = 1  # sequences the target context holds (a drafter's own context holds as many)
+    # the drafter contexts every sequence's drafter shares, by kind, owned (closed) by the holder of
+    # this dict (mtp_cli.contexts); None: a drafter's context is its own
+    shared: Optional[dict[tuple[Any, ...], lx.Context]] = field(default=None, compare=False)
+
+    def context(self, key: tuple[Any, ...], make: Callable[[], lx.Context]) -> lx.Context:
+        """The drafter context of kind `key` all sequences share (made once), or one of its own."""
+        if self.shared is None:
+            return make()
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
 
 
 class Drafter:

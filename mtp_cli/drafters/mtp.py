@@ -62,22 +62,26 @@ class MtpDrafter(Drafter):
     chain = False  # (ChainedHeads)
 
     def __init__(self, head_model: lx.Model, plan: ContextPlan, *, n_batch: int, n_vocab_target: int, nextn_h: NextnH):
-        """A head context beside the plan's target context (n_batch: its own), following plan.seq."""
+        """A head context beside the plan's target context (n_batch: its own; plan.context), following plan.seq."""
         super().__init__()
         self.tgt = target_ctx = plan.target
         self.seq = plan.seq
-        self.ctx = lx.create_context(
-            head_model,
-            n_ctx=plan.n_ctx,
-            n_batch=n_batch,
-            n_threads=plan.n_threads,
-            kv=plan.kv,
-            ctx_type=lx.CTX_TYPE_MTP,
-            ctx_other=target_ctx,
-            n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
-            n_rs_seq=0,
-            n_seq_max=plan.n_seq,
+        self.ctx = plan.context(
+            (type(self).__name__, n_batch),
+            lambda: lx.create_context(
+                head_model,
+                n_ctx=plan.n_ctx,
+                n_batch=n_batch,
+                n_threads=plan.n_threads,
+                kv=plan.kv,
+                ctx_type=lx.CTX_TYPE_MTP,
+                ctx_other=target_ctx,
+                n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
+                n_rs_seq=0,
+                n_seq_max=plan.n_seq,
+            ),
         )
+        self._owns = plan.shared is None  # (else the plan's holder closes it)
         lx.set_embeddings_nextn(target_ctx, True, False)  # target: an h row for every batch token
         # head: h rows for output rows only, or for every row where its graph keeps them all (MERGE_ROWS)
         lx.set_embeddings_nextn(self.ctx, True, nextn_h != "all_rows")
@@ -90,7 +94,8 @@ class MtpDrafter(Drafter):
         try:
             self._check_context()
         except LlamaError:
-            self.ctx.close()
+            if self._owns:
+                self.ctx.close()
             raise
 
     def _check_context(self) -> None:
@@ -249,7 +254,8 @@ class MtpDrafter(Drafter):
             self.rows.enqueue(list(drafts[:n_accepted]), pos + 1, h[:n_accepted], spare=1)
 
     def close(self) -> None:
-        self.ctx.close()
+        if self._owns:
+            self.ctx.close()
 
     def cost_probe(self, n_rows: int) -> HeadProbe:
         """A probe that times this head's decodes of up to n_rows rows (the cost model's)."""
