@@ -246,15 +246,18 @@ def test_under_load_a_gated_sequence_drafts_nothing_and_alone_its_policy_decides
         assert st.n_drafted > 0 and inner.foreign_steps > 0  # (drafting alone again)
 
 
-def test_every_slots_head_shares_one_context(tiny_models):
-    """A head context holds every slot's stream (n_seq_max): one for all slots, not one a slot, each
-    holding every slot's cells (n_seq times the memory); the runtime closes it."""
+@pytest.mark.parametrize("spec", ["mtp", "draft"])
+def test_every_slots_drafter_shares_one_context(tiny_models, spec):
+    """A head's (or a draft model's) context holds every slot's stream (n_seq_max): one for all
+    slots, not one a slot, each holding every slot's cells (n_seq times the memory); the runtime
+    closes it."""
     s = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
-    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=512)
-    with Runtime.load(s["full"], spec_type="mtp", n_parallel=2) as rt:
+    kw = dict(spec_type=spec, draft_model=str(s["trunk"])) if spec == "draft" else dict(spec_type=spec)
+    cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=512)
+    with Runtime.load(s["full"], n_parallel=2, **kw) as rt:
         for seq in (0, 1):
             list(rt.generate(rt.tokenize("hello"), cfg, seq=seq))
-        heads = [rt._ctx.drafters[("mtp", seq)] for seq in (0, 1)]  # type: ignore[union-attr]
-        assert heads[0].ctx is heads[1].ctx and not heads[0].ctx.closed
-        ctx = heads[0].ctx
+        ds = [rt._ctx.drafters[(spec, seq)] for seq in (0, 1)]  # type: ignore[union-attr]
+        assert ds[0].ctx is ds[1].ctx and not ds[0].ctx.closed
+        ctx = ds[0].ctx
     assert ctx.closed

@@ -44,18 +44,24 @@ class ModelDrafter(Drafter):
         kv: Optional[lx.KvOptions] = None,
         seq: int = 0,
         n_seq: int = 1,
+        plan: Optional[ContextPlan] = None,  # (its context, shared by every sequence's: ContextPlan.context)
     ):
         super().__init__()
         self.model, self.seq = model, seq
-        self.ctx = lx.create_context(
-            model,
-            n_ctx=n_ctx,
-            n_batch=n_batch,
-            n_threads=n_threads,
-            kv=kv,
-            n_outputs_max=DRAFT_N_OUTPUTS,
-            n_seq_max=n_seq,
-        )
+
+        def make() -> lx.Context:
+            return lx.create_context(
+                model,
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_threads=n_threads,
+                kv=kv,
+                n_outputs_max=DRAFT_N_OUTPUTS,
+                n_seq_max=n_seq,
+            )
+
+        self.ctx = plan.context(("ModelDrafter", n_batch), make) if plan is not None else make()
+        self._owns = plan is None or plan.shared is None  # (else the plan's holder closes it)
         self.recurrent = lx.model_has_recurrent_state(model)
         self.ckpt = lx.SeqCheckpoint(self.ctx, seq) if self.recurrent else None
         self.rows = DraftRows(self.ctx, lx.n_vocab(model), n_vocab_target, self._flush, seq=seq)
@@ -91,6 +97,7 @@ class ModelDrafter(Drafter):
             n_vocab_target=lx.n_vocab(models.target),
             seq=plan.seq,
             n_seq=plan.n_seq,
+            plan=plan,
         )
 
     def configure(self, cfg: GenConfig) -> None:
@@ -143,4 +150,5 @@ class ModelDrafter(Drafter):
             self.rows.enqueue(list(drafts[keep:n_accepted]), pos + 1 + keep)
 
     def close(self) -> None:
-        self.ctx.close()
+        if self._owns:
+            self.ctx.close()
