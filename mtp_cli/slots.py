@@ -14,8 +14,8 @@ while a new prompt is read.
 Each sequence's loop (mtp_cli.loop) chooses, drafts and rolls back as alone; only the decode is
 shared. Every step's decode is measured into the context's StepCosts (a decode of R rows, whoever's
 rows they are), from which a sequence whose draft length is not forced decides beside the others
-(mtp_cli.load). Drafters still decode apart (each in its own context): one head decode for every
-sequence's drafts is a later step.
+(mtp_cli.load). Drafters still decode apart (in one context for all sequences, each in decodes of
+its own): one head decode for every sequence's drafts is a later step.
 """
 
 from __future__ import annotations

@@ -249,8 +249,9 @@ class DraftRows:
             k += take
 
     def lend(self, to: DraftRows, keep: int, pending: np.ndarray, to_pending: np.ndarray) -> bool:
-        """`to` (another sequence's rows, in a context of its own) made these for positions 0..keep-1:
-        the cells this context holds (llama.cpp's per-sequence state, written into the other), the
+        """`to` (another sequence's rows) made these for positions 0..keep-1: the cells this context
+        holds (llama.cpp's per-sequence state, written into `to`'s: a state copy, since seq_cp across
+        a split cache's streams lands only at the next decode, too late to check), the
         catch-up rows queued below keep, and in `to_pending` the target's h row of keep-1 where it is
         at hand (a queued row's at keep, or `pending` at the frontier), else zeros. False, `to` not
         holding them, when these do not hold all of them (a head restarted cold since its prompt began,

@@ -32,36 +32,24 @@ class ModelDrafter(Drafter):
     draft_file = "required"
     drafts_with_model = True
 
-    def __init__(
-        self,
-        model: lx.Model,
-        *,
-        n_ctx: int,
-        n_batch: int,
-        n_threads: Optional[int],
-        n_vocab_target: int,
-        p_min: float = 0.0,
-        kv: Optional[lx.KvOptions] = None,
-        seq: int = 0,
-        n_seq: int = 1,
-        plan: Optional[ContextPlan] = None,  # (its context, shared by every sequence's: ContextPlan.context)
-    ):
+    def __init__(self, model: lx.Model, plan: ContextPlan, *, n_vocab_target: int, p_min: float = 0.0):
+        """A context of its own beside the plan's target (one for every sequence: plan.context), following plan.seq."""
         super().__init__()
+        seq = plan.seq
         self.model, self.seq = model, seq
-
-        def make() -> lx.Context:
-            return lx.create_context(
+        self.ctx = plan.context(
+            ("ModelDrafter", plan.n_batch),
+            lambda: lx.create_context(
                 model,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_threads=n_threads,
-                kv=kv,
+                n_ctx=plan.n_ctx,
+                n_batch=plan.n_batch,
+                n_threads=plan.n_threads,
+                kv=plan.kv,
                 n_outputs_max=DRAFT_N_OUTPUTS,
-                n_seq_max=n_seq,
-            )
-
-        self.ctx = plan.context(("ModelDrafter", n_batch), make) if plan is not None else make()
-        self._owns = plan is None or plan.shared is None  # (else the plan's holder closes it)
+                n_seq_max=plan.n_seq,
+            ),
+        )
+        self._owns = plan.shared is None  # (else the plan's holder closes it)
         self.recurrent = lx.model_has_recurrent_state(model)
         self.ckpt = lx.SeqCheckpoint(self.ctx, seq) if self.recurrent else None
         self.rows = DraftRows(self.ctx, lx.n_vocab(model), n_vocab_target, self._flush, seq=seq)
@@ -88,17 +76,7 @@ class ModelDrafter(Drafter):
 
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> ModelDrafter:
-        return cls(
-            models.drafter_model(),
-            n_ctx=plan.n_ctx,
-            n_batch=plan.n_batch,
-            n_threads=plan.n_threads,
-            kv=plan.kv,
-            n_vocab_target=lx.n_vocab(models.target),
-            seq=plan.seq,
-            n_seq=plan.n_seq,
-            plan=plan,
-        )
+        return cls(models.drafter_model(), plan, n_vocab_target=lx.n_vocab(models.target))
 
     def configure(self, cfg: GenConfig) -> None:
         self.rows.p_min = float(cfg.draft_p_min)

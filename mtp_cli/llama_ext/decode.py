@@ -236,7 +236,7 @@ class SeqCheckpoint:
 
 def copy_seq_state(src: Context, src_seq: int, dst: Context, dst_seq: int) -> None:
     """What sequence src_seq holds in src's memory written into dst's as dst_seq (what dst_seq held
-    dropped): two contexts of one model with the same memory layout (their sequence counts too)."""
+    dropped): one context, or two of one model with the same memory layout (sequence counts too)."""
     state = SeqCheckpoint(src, src_seq, partial=False)
     state.save()
     state.restore(dst, dst_seq)
