@@ -7,8 +7,9 @@ acceptance, and each setting's ratio to plain batched decoding, paired repeat by
 
 Each repeat runs every setting in turn: `--waves` waves of `--slots` chat prompts (the built-in
 evaluation prompts, greedy) started together. `none` decodes plainly; a number forces the MTP head's
-N; `auto` is `serve`'s default (lookup,mtp, an AutoDraft per slot kept across repeats, gated:
-beside others a slot drafts only what pays for its rows, mtp_cli.load). Without -m: the demo model.
+N (`3/apart`: the same with every slot's head decoding alone, not in one decode for all); `auto` is
+`serve`'s default (lookup,mtp, an AutoDraft per slot kept across repeats, gated: beside others a
+slot drafts only what pays for its rows, mtp_cli.load). Without -m: the demo model.
 The GPU check (benchmarks/gpu) runs it at -ngl 99, where rows are cheap and drafting beside others
 may pay.
 """
@@ -34,6 +35,7 @@ from mtp_cli.speed.auto import AutoDraft  # noqa: E402
 from mtp_cli.speed.runs import PROMPTS  # noqa: E402
 
 SPEC = "lookup,mtp"  # (serve's default with a head: every setting runs on the one runtime)
+APART = "/apart"  # (a setting's suffix: its slots' heads decode apart)
 
 
 def _start(rt: Runtime, runner: BatchRunner, setting: str, seq: int, prompt: str, base: GenConfig, auto: AutoDraft):
@@ -45,7 +47,7 @@ def _start(rt: Runtime, runner: BatchRunner, setting: str, seq: int, prompt: str
     cfg = (
         replace(base, spec_type="none")
         if setting == "none"
-        else replace(base, spec_type="mtp", draft_n_max=int(setting))
+        else replace(base, spec_type="mtp", draft_n_max=int(setting.removesuffix(APART)))
     )
     return runner.add(ses.prepare(p, cfg)[0])
 
@@ -89,7 +91,8 @@ def sweep(
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     with Runtime.load(model, spec_type=SPEC, n_parallel=slots, n_gpu_layers=n_gpu_layers) as rt:
         autos = [AutoDraft(rt) for _ in range(slots)]
-        runners = {s: BatchRunner(rt) for s in settings}  # (each keeps its slots' drafting records)
+        # (each keeps its slots' drafting records)
+        runners = {s: BatchRunner(rt, joint=not s.endswith(APART)) for s in settings}
         for rep in range(repeats):
             for s in settings:
                 runs[s].append(run_setting(rt, runners[s], s, base, autos, waves, rep))

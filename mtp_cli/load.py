@@ -7,7 +7,7 @@ rows they add to the shared decode and for its drafter's time. With R rows in th
 token and the others' rows of their last step, D of them drafts) giving Y tokens (its own and what
 the others' last step gave: a prompt chunk of theirs counts as one row and one token, since this
 one's drafts do not slow that prompt more than a row each), the step takes T = v(R - 1) + D h (the
-others' drafters decode one after another too), and
+others' drafters' time: each is charged its share of the head decodes they share), and
 
     (Y + sum(acc[:k])) / (T + k (m + h))  >  margin * Y / T
 

@@ -35,6 +35,8 @@ import numpy as np
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Chain, Drafter
+from mtp_cli.drafters.base import Drafting
+from mtp_cli.drafters.joint import alone
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Held, Reuse
 from mtp_cli.policy import DraftPolicy
@@ -43,19 +45,6 @@ from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 from mtp_cli.step_costs import StepCosts
 
 _now = time.perf_counter
-
-
-def decode_prompt(tgt: lx.Context, batch: lx.Batch, d: Drafter, prompt: Sequence[int], keep: int = 0) -> None:
-    """Decode prompt[keep:] into the target in n_batch chunks, logits on the last row; the drafter
-    follows each chunk (on_prefill), as the loop's own fills do. The cost probe's prefill."""
-    toks = np.asarray(prompt, dtype=np.int32)
-    n_b = lx.n_batch(tgt)
-    for p0 in range(keep, len(toks), n_b):
-        chunk = toks[p0 : p0 + n_b]
-        batch.clear()
-        batch.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
-        lx.decode(tgt, batch)
-        d.on_prefill(chunk, p0)
 
 
 class VerifyLoop:
@@ -176,21 +165,23 @@ class VerifyLoop:
         """What stays in memory while this runs: the prompt's decoded chunks (memory.borrowed)."""
         return Held(self.in_memory()[: self.stats.n_prompt], self.drafter, self.asleep)
 
-    def fill(self, batch: lx.Batch) -> bool:
+    def fill(self, batch: lx.Batch, drafts: Optional[list[int]] = None) -> bool:
         """Add this loop's rows for the next decode: a chunk of the prompt (as much as n_batch and the
         batch's room take), or a step's [id_last, *drafts] (the caller leaves room for n_max + 1
-        rows). False: the generation is done (n_predict, a full context)."""
+        rows; `drafts`: its proposal's, run by the caller, else run alone here). False: the
+        generation is done (n_predict, a full context)."""
         if self._prompt is not None:
             toks, p0 = self._prompt, self._p0
             n = min(lx.n_batch(self.tgt), batch.capacity - batch.n_tokens, len(toks) - p0)
             self._chunk = toks[p0 : p0 + n]
             batch.add_many(self._chunk, p0, seq_id=self.seq, logits_last=p0 + n >= len(toks))
             return True
-        room = self._room()
-        if room <= 0:
-            return False
-        self._t_step = _now()
-        self._drafts = drafts = self._propose(room)
+        if drafts is None:
+            step = self.proposal()
+            if step is None:
+                return False
+            drafts = alone(step)
+        self._drafts = drafts
         self.step += 1
         batch.add(self.id_last, self.n_past, seq_id=self.seq, logits=True)
         for i, tok in enumerate(drafts):
@@ -249,7 +240,16 @@ class VerifyLoop:
             self._stopped("ctx_full")
         return max(room, 0)
 
-    def _propose(self, room: int) -> list[int]:
+    def proposal(self) -> Optional[Drafting]:
+        """This step's drafting (run it alone, or beside other loops': drafters.joint); None: the
+        generation is done."""
+        room = self._room()
+        if room <= 0:
+            return None
+        self._t_step = _now()
+        return self._propose(room)
+
+    def _propose(self, room: int) -> Drafting:
         """The drafts to verify this step, as the policy says (it may put the drafter to sleep, or
         ask for a shadow step whose draft is only compared with the target's token)."""
         p, d = self.policy, self.drafter
@@ -263,14 +263,14 @@ class VerifyLoop:
             if isinstance(d, Chain):  # (its members that cannot sleep, a lookup, go on drafting)
                 d.sleeping = True
                 if self.n_max > 0:  # (a shadow step's is asked for none: kept in step all the same)
-                    drafts = self._draft(0, 0 if p.shadow else max(limit, 0))
+                    drafts = yield from self._draft(0, 0 if p.shadow else max(limit, 0))
         else:
             if self.asleep:
                 d.restart(self.n_past, bool(self.h_on), self.a_last)  # (pos-1 is row a_last of the last decode)
                 self.asleep = False
                 self._h_rows(True)
             if self.n_max > 0:  # (a shadow step judges the policy's drafter: a self-sized one sits it out)
-                drafts = self._steered(k_max, 0 if p.shadow else max(limit, 0))
+                drafts = yield from self._steered(k_max, 0 if p.shadow else max(limit, 0))
             if p.shadow:
                 self.shadow, drafts = drafts, []
         return drafts if len(drafts) >= self.n_min else []  # llama.cpp: drafts shorter than n_min are discarded
@@ -282,30 +282,30 @@ class VerifyLoop:
             lx.set_embeddings_nextn(self.tgt, on, False)
             self.h_on = on
 
-    def _steered(self, k_max: int, limit: int) -> list[int]:
+    def _steered(self, k_max: int, limit: int) -> Drafting:
         """The drafter's drafts, each picked from its row as the target's verified row at the same
         position will be edited (penalties, biases) and among what a copy of the target's grammar
         allows, when the drafter picks from rows of its own."""
         d, ch = self.drafter, self.chooser
         if d.rows is None or k_max <= 0 or (ch.grammar is None and not ch.edits.active):
-            return self._draft(k_max, limit)
+            return (yield from self._draft(k_max, limit))
         g = ch.grammar.copy() if ch.grammar is not None else None
         d.rows.steer = DraftSteer(ch.edits, self._history(), g)
         try:
-            return self._draft(k_max, limit)
+            return (yield from self._draft(k_max, limit))
         finally:
             d.rows.steer = d.rows.plain
             if g is not None:
                 g.close()
 
-    def _draft(self, k_max: int, limit: int) -> list[int]:
+    def _draft(self, k_max: int, limit: int) -> Drafting:
         """The drafter's drafts: up to the policy's N (k_max), or up to `limit` for a drafter that
         sizes its own; a chain's first member that proposes."""
         d = self.drafter
         n_for = lambda m: limit if m.self_sized else k_max  # noqa: E731
         if isinstance(d, Chain):
-            return d.draft_each(self.id_last, self.n_past, n_for, self.n_min)
-        return d.draft(self.id_last, self.n_past, n_for(d))
+            return (yield from d.drafting_each(self.id_last, self.n_past, n_for, self.n_min))
+        return (yield from d.drafting(self.id_last, self.n_past, n_for(d)))
 
     def _history(self) -> Sequence[int]:
         """The tokens before this step's first verified row, as far back as the penalties look (none
@@ -397,4 +397,4 @@ class VerifyLoop:
         self.chooser.close()
 
 
-__all__ = ["VerifyLoop", "decode_prompt"]
+__all__ = ["VerifyLoop"]

@@ -14,8 +14,8 @@ while a new prompt is read.
 Each sequence's loop (mtp_cli.loop) chooses, drafts and rolls back as alone; only the decode is
 shared. Every step's decode is measured into the context's StepCosts (a decode of R rows, whoever's
 rows they are), from which a sequence whose draft length is not forced decides beside the others
-(mtp_cli.load). Drafters still decode apart (in one context for all sequences, each in decodes of
-its own): one head decode for every sequence's drafts is a later step.
+(mtp_cli.load). The drafters share one context, and their decodes: each draft position's rows of
+every sequence in one decode (drafters.joint), as llama.cpp's one speculative context for all slots.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mtp_cli import llama_ext as lx
+from mtp_cli.drafters.base import Drafting
+from mtp_cli.drafters.joint import Joint
 from mtp_cli.errors import MtpError
 from mtp_cli.load import DraftRecord, LoadGate
 from mtp_cli.loop import VerifyLoop
@@ -61,8 +63,11 @@ class _Running:
 class BatchRunner:
     """Steps the generations of several sequences of one runtime, one shared decode per step."""
 
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: Runtime, joint: bool = True):
+        """joint: every sequence's drafter decodes beside the others' (one head decode per draft
+        position for all), else each alone."""
         self.rt = rt
+        self._joint = Joint(merge=joint)
         self.running: dict[int, _Running] = {}
         self._batch: Optional[lx.Batch] = None
         self._steps = 0
@@ -154,32 +159,53 @@ class BatchRunner:
         return out
 
     def _fill(self, out: dict[int, StepOut]) -> list[tuple[_Running, int, int]]:
-        """The batch: steps first (a few rows each, and each stream waits on them), then a chunk of
-        the prompt that came first, in the room left: prompts one after another, so that of k
-        prompts arriving together the first gets its first token after one prompt's pass, not k
-        (on a machine where compute is the limit, batching prompts saves nothing). Loops that are
-        done are marked ended."""
+        """The batch: steps first (a few rows each, and each stream waits on them; their drafters'
+        decodes shared: drafters.joint), then a chunk of the prompt that came first, in the room left:
+        prompts one after another, so that of k prompts arriving together the first gets its first
+        token after one prompt's pass, not k (on a machine where compute is the limit, batching
+        prompts saves nothing). Loops that are done are marked ended."""
         b = self._batch_of()
         b.clear()
         placed = []
-        prompt_in = False
-        for r in sorted(self.running.values(), key=lambda r: r.loop.prefilling):
-            o = out[r.prep.seq]
-            if not r.ready:
-                o.ended = True
-                continue
-            if r.loop.prefilling and (prompt_in or b.n_tokens >= b.capacity):
-                continue  # (its prompt waits for the next step)
-            prompt_in = prompt_in or r.loop.prefilling
+        drafts = self._drafts(out)
+        first = next((s for s, r in self.running.items() if r.ready and r.loop.prefilling), None)
+        for seq, got in [*drafts.items(), *([(first, None)] if first is not None else [])]:
+            r = self.running[seq]
+            if got is None and b.n_tokens >= b.capacity:
+                break  # (its prompt waits for the next step)
             row0, out0 = b.n_tokens, int(b.logits[: b.n_tokens].sum())
             try:
-                if r.loop.fill(b):
-                    placed.append((r, row0, out0))
-                else:
-                    o.ended = True
+                r.loop.fill(b, got)
+                placed.append((r, row0, out0))
             except BaseException as e:
-                o.error, o.ended = e, True
+                out[seq].error, out[seq].ended = e, True
         return placed
+
+    def _drafts(self, out: dict[int, StepOut]) -> dict[int, list[int]]:
+        """This step's drafts of every running loop past its prompt, by sequence, drafted together.
+        Loops that are done or failed are marked ended."""
+        steps: dict[int, Drafting] = {}
+        for seq, r in self.running.items():
+            o = out[seq]
+            if not r.ready:
+                o.ended = True
+            elif not r.loop.prefilling:
+                try:
+                    step = r.loop.proposal()
+                except BaseException as e:
+                    o.error, o.ended = e, True
+                    continue
+                if step is None:
+                    o.ended = True
+                else:
+                    steps[seq] = step
+        drafts = {}
+        for seq, got in self._joint.run(steps).items():
+            if isinstance(got, BaseException):
+                out[seq].error, out[seq].ended = got, True
+            else:
+                drafts[seq] = got
+        return drafts
 
     def _shape(self, placed: list[tuple[_Running, int, int]]) -> dict[int, int]:
         """This step's rows by sequence; a prompt chunk's as 0."""

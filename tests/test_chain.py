@@ -12,7 +12,9 @@ from click.testing import CliRunner
 from mtp_cli import drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.cli import main
+from mtp_cli.drafters.base import Drafter
 from mtp_cli.drafters.chain import Chain
+from mtp_cli.drafters.joint import alone
 from mtp_cli.drafters.lookup import LookupDrafter
 from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.drafters.ngram import NgramDrafter
@@ -102,14 +104,14 @@ def test_while_the_head_sleeps_the_lookup_drafts_and_the_head_wakes_in_step(tiny
         ref = run(rt, prompt, greedy(n_predict=40))
         cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
         steps: list[tuple[int, bool]] = []
-        real = Chain.draft_each
+        real = Chain.drafting_each
 
         def spy(self, id_last, pos, n_for, n_min=1):
-            out = real(self, id_last, pos, n_for, n_min)
+            out = yield from real(self, id_last, pos, n_for, n_min)
             steps.append((len(out), self.sleeping))
             return out
 
-        monkeypatch.setattr(Chain, "draft_each", spy)
+        monkeypatch.setattr(Chain, "drafting_each", spy)
         assert run(rt, prompt, cfg) == ref
         nap = _Nap(4)
         assert [ev.token for ev in rt.generate(prompt, cfg, policy=nap)] == ref
@@ -182,7 +184,7 @@ def test_the_command_line_takes_a_chain_and_its_environment_variable(tiny_models
     assert r.exit_code == 2 and "none cannot be chained" in r.output
 
 
-class _Fixed:
+class _Fixed(Drafter):
     """A member that always drafts the same tokens (as many as asked, up to its own)."""
 
     n_max_limit = None
@@ -190,6 +192,7 @@ class _Fixed:
     rows = n_ctx = None
 
     def __init__(self, toks: list[int]):
+        super().__init__()
         self.toks, self.asked = toks, []
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
@@ -201,5 +204,5 @@ def test_drafts_too_short_for_n_min_leave_the_step_to_the_next_member():
     """--spec-draft-n-min discards shorter drafts: a lookup's 2 tokens must not stop the head's 4."""
     short, head = _Fixed([5, 6]), _Fixed([7, 8, 9, 10])
     chain = Chain([short, head])  # type: ignore[list-item]
-    assert chain.draft_each(1, 0, lambda m: 4, n_min=3) == [7, 8, 9, 10] and chain.proposer is head
-    assert chain.draft_each(1, 0, lambda m: 4) == [5, 6] and chain.proposer is short and head.asked[-1] == 0
+    assert alone(chain.drafting_each(1, 0, lambda m: 4, n_min=3)) == [7, 8, 9, 10] and chain.proposer is head
+    assert alone(chain.drafting_each(1, 0, lambda m: 4)) == [5, 6] and chain.proposer is short and head.asked[-1] == 0

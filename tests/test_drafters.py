@@ -85,16 +85,16 @@ def test_first_draft_uses_the_design3_pairing(models, arch):
     context exactly the right rows (a wrong pairing keeps parity but silently lowers acceptance)."""
     s = models(arch, head_noise=1.5)
     firsts: list[tuple[int, int]] = []
-    orig = MtpDrafter.draft
+    orig = MtpDrafter.drafting
 
     def spy(self, id_last, pos, n_max):
-        out = orig(self, id_last, pos, n_max)
+        out = yield from orig(self, id_last, pos, n_max)
         if out:
             firsts.append((pos, out[0]))
         return out
 
     with Runtime.load(s["full"], spec_type="mtp") as rt, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(MtpDrafter, "draft", spy)
+        mp.setattr(MtpDrafter, "drafting", spy)
         prompt = rt.tokenize(PROMPT)
         seq = prompt + run(rt, prompt, greedy(spec_type="mtp", draft_n_max=2))
     assert len(firsts) > 10
@@ -281,10 +281,10 @@ def write_tiny_mimo2(path: Path, *, n_heads: int, mix: float, head_noise: float,
 def test_chained_heads_parity(tmp_path, record_property):
     path = write_tiny_mimo2(tmp_path / "mimo2-3heads.gguf", n_heads=3, mix=2.0, head_noise=1.0)
     firsts: list[tuple[int, int]] = []
-    orig = MtpDrafter.draft
+    orig = MtpDrafter.drafting
 
     def spy(self, id_last, pos, n_max):
-        out = orig(self, id_last, pos, n_max)
+        out = yield from orig(self, id_last, pos, n_max)
         if out:
             firsts.append((pos, out[0]))
         return out
@@ -294,7 +294,7 @@ def test_chained_heads_parity(tmp_path, record_property):
         prompt = rt.tokenize(PROMPT)
         ref = run(rt, prompt, greedy())
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(MtpDrafter, "draft", spy)
+            mp.setattr(MtpDrafter, "drafting", spy)
             acc, _ = _parity_sweep(
                 rt, path, prompt, "mtp", "mimo2 chained heads x3 (noise 1.0, mix 2)", record_property
             )
@@ -347,7 +347,7 @@ def test_draft_model_with_another_vocabulary(models, tmp_path):
 
 
 def test_registry_one_module_per_spec_type():
-    """Every module of mtp_cli.drafters but base declares exactly one spec type; aliases resolve."""
+    """Every module of mtp_cli.drafters but the shared ones declares exactly one spec type; aliases resolve."""
     import pkgutil
 
     from mtp_cli import drafters
@@ -355,7 +355,8 @@ def test_registry_one_module_per_spec_type():
     from mtp_cli.drafters.ngram import NgramDrafter
     from mtp_cli.errors import ConfigError
 
-    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base", "chain"}
+    # (base: the interface; chain, joint: how drafters run together; head_files: the mtp spec's file checks)
+    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base", "chain", "joint", "head_files"}
     assert sorted(cls.__module__.rsplit(".", 1)[1] for cls in drafters.REGISTRY.values()) == sorted(modules)
     assert list(drafters.REGISTRY) == ["none", "mtp", "draft", "ngram", "lookup"]  # their order on the command line
     assert drafters.get("draft-mtp") is MtpDrafter and drafters.get(" NGRAM-simple ") is NgramDrafter
@@ -409,15 +410,15 @@ def _head_logits(path: Path, seq: list[int]) -> np.ndarray:
 def _recorded_steps(rt: Runtime, prompt: list[int], n: int) -> tuple[list[int], list[tuple[int, int, list[int]]]]:
     """The final sequence and each step's (pos, id_last, drafts), from a greedy run at N = n."""
     steps: list[tuple[int, int, list[int]]] = []
-    orig = MtpDrafter.draft
+    orig = MtpDrafter.drafting
 
     def spy(self, id_last, pos, n_max):
-        out = orig(self, id_last, pos, n_max)
+        out = yield from orig(self, id_last, pos, n_max)
         steps.append((pos, id_last, list(out)))
         return out
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(MtpDrafter, "draft", spy)
+        mp.setattr(MtpDrafter, "drafting", spy)
         out = run(rt, prompt, greedy(spec_type="mtp", draft_n_max=n, n_predict=60))
     return prompt + out, steps
 

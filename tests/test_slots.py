@@ -261,3 +261,40 @@ def test_every_slots_drafter_shares_one_context(tiny_models, spec):
         assert ds[0].ctx is ds[1].ctx and not ds[0].ctx.closed
         ctx = ds[0].ctx
     assert ctx.closed
+
+
+@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "lookup,mtp"])
+def test_every_slots_head_drafts_in_one_decode_per_draft_position(tiny_models, tmp_path, monkeypatch, kind):
+    """Three sequences drafting up to 3 each: their heads' rows go into one decode per draft position
+    (catch-up rows and the first draft rows together, then a row a sequence), not one decode per
+    sequence; each still drafts, keeps and gives what it does alone, which needs every head to read
+    its own rows of the shared decode (logits, h rows)."""
+    from mtp_cli import llama_ext as lx
+    from mtp_cli.slots import BatchRunner
+
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type=kinds[kind][1]["spec_type"], draft_n_max=3, n_ctx=768, n_batch=16)
+    texts = ("hello world", "the cat sat on the mat and then the dog", "a b c")
+    alone = _alone(kinds, kind, cfg, texts)
+    real = lx.decode
+    for joint in (True, False):
+        heads: list[int] = []  # sequences in each head decode
+
+        def spy(ctx, batch, heads=heads):
+            if batch.n_embd:  # (a head's rows carry h rows; the target's do not)
+                heads.append(len(set(batch.seq_ids[: batch.n_tokens].tolist())))
+            real(ctx, batch)
+
+        monkeypatch.setattr(lx, "decode", spy)
+        with _load(kinds, kind, 3) as rt:
+            runner = BatchRunner(rt, joint=joint)
+            stats = {s: runner.add(rt.prepare(rt.tokenize(t), cfg, seq=s)) for s, t in enumerate(texts)}
+            toks, _ = run_batched(runner)
+        got = [(toks[s], list(stats[s].drafted_at), list(stats[s].accepted_at)) for s in range(3)]
+        assert got == alone, joint
+        if joint:
+            shared, n_joint = sum(n > 1 for n in heads), len(heads)
+        else:
+            assert max(heads) == 1
+            n_apart = len(heads)
+    assert shared > 0 and n_joint < 0.75 * n_apart, (shared, n_joint, n_apart)

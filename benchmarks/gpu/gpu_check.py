@@ -1,8 +1,8 @@
 """The GPU check's measurements (run by run.sh; also runs on a CPU with -ngl 0): what llama.cpp sees,
 the cost model (T, v(N) for N = 1..8, c), `mtp-cli bench` and `tune --no-save`, decode-time
 acceptance on the evaluation prompts, and 4 slots batched (benchmarks/batch_bench.py: plain, N = 3
-forced, and auto, which drafts beside other slots only where that pays). One JSON file, and a table
-printed.
+forced with the slots' heads in one decode per draft position and apart, and auto, which drafts
+beside other slots only where that pays). One JSON file, and a table printed.
 
     python benchmarks/gpu/gpu_check.py -m demo.gguf -ngl 99 --out results.json [--quick]
 
@@ -136,7 +136,7 @@ def main() -> None:
     print("slots", flush=True)
     doc["slots"] = batch_bench.sweep(
         str(args.model),
-        ["none", "3", "auto"],
+        ["none", "3", "3/apart", "auto"],
         slots=4,
         repeats=1 if args.quick else 3,
         n_gpu_layers=args.ngl,

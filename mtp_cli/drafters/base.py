@@ -22,6 +22,9 @@ The verify loop (mtp_cli.loop) drives an instance:
     on_prefill(tokens, pos0)          the target just decoded a prompt chunk at pos0..
     draft(id_last, pos, n_max)        up to n_max tokens to follow id_last (which sits at `pos`
                                       and is not yet in the target's memory); n_max may be 0
+    drafting(id_last, pos, n_max)     the same as a generator of the decodes it waits on (Need),
+                                      so that drafters sharing a context decode together
+                                      (mtp_cli.drafters.joint); by default, draft() decoding alone
     accept(n_accepted, drafts)        the target kept drafts[:n_accepted] (+ its own token,
                                       which comes back as the next id_last); roll back the rest
     restart(pos, h)                   (drafters with can_sleep) resume after the loop skipped
@@ -37,7 +40,7 @@ at pos+1+i.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
@@ -60,6 +63,29 @@ _now = time.perf_counter
 # (file, role, load_mtp) -> the loaded model, owned and freed by the runtime; failures are
 # ModelFileErrors that name the file's role
 Loader = Callable[[GGUFFile, str, bool], lx.Model]
+
+
+@dataclass(frozen=True)
+class Need:
+    """A decode a drafting step waits on: `batch`'s rows in `ctx`, for `drafter` (who is charged its
+    time). It is sent back where those rows sat in the batch that was decoded (Placed)."""
+
+    drafter: Drafter
+    ctx: lx.Context
+    batch: lx.Batch
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a Need's rows sat in the decoded batch: its first row, and the output rows before it."""
+
+    row0: int = 0
+    out0: int = 0
+
+
+# a drafting step: it yields the decodes it waits on and returns its drafts; after its first yield it
+# decodes only through yields (the outputs it reads are those of a decode other drafters shared)
+Drafting = Generator[Need, Placed, list[int]]
 
 
 @dataclass
@@ -184,6 +210,12 @@ class Drafter:
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         return []
 
+    def drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
+        """draft() as a generator of the decodes it waits on; by default it decodes alone, inside draft()."""
+        out = self.draft(id_last, pos, n_max)
+        yield from ()
+        return out
+
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
         pass
 
@@ -197,7 +229,11 @@ class Drafter:
     def _decode(self, ctx: lx.Context, batch: lx.Batch) -> None:
         t = _now()
         lx.decode(ctx, batch)
-        self.t_decode += _now() - t
+        self.charge(_now() - t)
+
+    def charge(self, seconds: float) -> None:
+        """Count a decode of its own (or its share of one it shared) into its costs."""
+        self.t_decode += seconds
         self.n_decode += 1
 
 
@@ -342,4 +378,15 @@ def check_same_vocab(target: lx.Model, draft: lx.Model, target_file: GGUFFile, d
             raise VocabMismatchError(f"{what} (token {i}: {b!r} vs {a!r})")
 
 
-__all__ = ["DraftRows", "HeadProbe", "Drafter", "Models", "ContextPlan", "Loader", "check_same_vocab"]
+__all__ = [
+    "DraftRows",
+    "HeadProbe",
+    "Drafter",
+    "Drafting",
+    "Need",
+    "Placed",
+    "Models",
+    "ContextPlan",
+    "Loader",
+    "check_same_vocab",
+]

@@ -20,7 +20,8 @@ import numpy as np
 
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.base import ContextPlan, Drafter, Loader, Models
+from mtp_cli.drafters.base import ContextPlan, Drafter, Drafting, Loader, Models
+from mtp_cli.drafters.joint import alone
 from mtp_cli.errors import ConfigError
 
 _CHAINS: dict[tuple[type[Drafter], ...], type[Chain]] = {}
@@ -126,9 +127,12 @@ class Chain(Drafter):
             m.on_prefill(tokens, pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
-        return self.draft_each(id_last, pos, lambda m: n_max)
+        return alone(self.drafting(id_last, pos, n_max))
 
-    def draft_each(self, id_last: int, pos: int, n_for: Callable[[Drafter], int], n_min: int = 1) -> list[int]:
+    def drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
+        return (yield from self.drafting_each(id_last, pos, lambda m: n_max))
+
+    def drafting_each(self, id_last: int, pos: int, n_for: Callable[[Drafter], int], n_min: int = 1) -> Drafting:
         """The drafts of the first member that proposes n_min or more (each asked for n_for(member) at
         most: fewer would be discarded, so the next member is asked); the members after it are asked
         for none, so that they stay in step."""
@@ -138,7 +142,7 @@ class Chain(Drafter):
             n = 0 if self.proposer is not None else n_for(m)
             if m.n_max_limit is not None:
                 n = min(n, m.n_max_limit)
-            got = m.draft(id_last, pos, n)
+            got = yield from m.drafting(id_last, pos, n)
             if len(got) >= max(n_min, 1) and self.proposer is None:
                 out, self.proposer = got, m
         return out

@@ -18,7 +18,6 @@ import numpy as np
 
 from gguf_tools.archs import NextnH, nextn_h_of
 from gguf_tools.gguf_file import GGUFFile
-from gguf_tools.loadable.assistant import assistant_problem
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
@@ -26,13 +25,16 @@ from mtp_cli.drafters.base import (
     DRAFT_N_OUTPUTS,
     ContextPlan,
     Drafter,
+    Drafting,
     DraftRows,
     HeadProbe,
     Loader,
     Models,
-    check_same_vocab,
+    Need,
 )
-from mtp_cli.errors import LlamaError, ModelFileError, NoMtpHeadError
+from mtp_cli.drafters.head_files import check_head_files, load_head
+from mtp_cli.drafters.joint import alone
+from mtp_cli.errors import LlamaError
 
 # a shared assistant decodes row by row: its mask (n_ctx x n_batch) 0.5 MiB at 131072, not 256 MiB
 SHARED_N_BATCH = 1
@@ -76,7 +78,7 @@ class MtpDrafter(Drafter):
                 kv=plan.kv,
                 ctx_type=lx.CTX_TYPE_MTP,
                 ctx_other=target_ctx,
-                n_outputs_max=DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS,
+                n_outputs_max=(DRAFT_N_OUTPUTS if nextn_h else MERGE_ROWS) * plan.n_seq,  # (every slot's: joint)
                 n_rs_seq=0,
                 n_seq_max=plan.n_seq,
             ),
@@ -113,20 +115,7 @@ class MtpDrafter(Drafter):
 
     @classmethod
     def check_files(cls, target: GGUFFile, draft: Optional[GGUFFile]) -> None:
-        if draft is None and target.layout().nextn_layers == 0:
-            raise NoMtpHeadError(
-                f"{target.path.name} has no MTP head (nextn_predict_layers = 0): graft one with `mtp-cli pack`, "
-                "give an MTP sidecar as `draft_model`, or use `spec_type` ngram"
-            )
-        if draft is not None and draft.layout().nextn_layers == 0:
-            raise NoMtpHeadError(
-                f"`draft_model` {draft.path.name} has no MTP head (nextn_predict_layers = 0): for `spec_type` mtp "
-                "it must be an MTP sidecar (`mtp-cli extract`); a plain small model drafts with `spec_type` draft"
-            )
-        if draft is not None and draft.arch in ASSISTANT_ARCHS:
-            why = assistant_problem(target.scan, draft.scan)
-            if why:
-                raise ModelFileError(f"`draft_model` {draft.path.name} does not fit {target.path.name}: {why}")
+        check_head_files(target, draft)
 
     @classmethod
     def target_loads_head(cls, draft: Optional[GGUFFile]) -> bool:
@@ -134,16 +123,7 @@ class MtpDrafter(Drafter):
 
     @classmethod
     def load_draft(cls, models: Models, load: Loader) -> None:
-        if models.draft_file is None:
-            models.drafting = models.target  # its own head
-            return
-        dm = models.drafting = load(models.draft_file, "draft model", True)
-        check_same_vocab(models.target, dm, models.target_file, models.draft_file)
-        if lx.n_embd_out(dm) != lx.n_embd_out(models.target):
-            raise ModelFileError(
-                f"`draft_model` {models.draft_file.path.name}: MTP head width {lx.n_embd_out(dm)} "
-                f"does not match the target's hidden size {lx.n_embd_out(models.target)}"
-            )
+        load_head(models, load)
 
     @classmethod
     def create(cls, models: Models, plan: ContextPlan) -> MtpDrafter:
@@ -215,10 +195,13 @@ class MtpDrafter(Drafter):
         np.copyto(self.pending_h, h[n - 1])
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
-        self.rows.pos, self.rows.n_extra = pos, 0
-        return self._draft(id_last, pos, n_max)
+        return alone(self.drafting(id_last, pos, n_max))
 
-    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:  # (each kind's own)
+    def drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
+        self.rows.pos, self.rows.n_extra = pos, 0
+        return (yield from self._drafting(id_last, pos, n_max))
+
+    def _drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:  # (each kind's own)
         raise NotImplementedError
 
     def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
@@ -263,9 +246,10 @@ class MtpDrafter(Drafter):
 
 
 class OwnKvHead(MtpDrafter):
-    """One head with its own KV: the merged decode, then one decode per further draft token."""
+    """One head with its own KV: the merged decode, then one decode per further draft token, each
+    shareable with other sequences' heads in the same context (drafters.joint)."""
 
-    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+    def _drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
         rows, b = self.rows, self.rows.batch
         if b.n_tokens >= (MERGE_ROWS if n_max > 0 and self.all_outputs else b.capacity):
             self.catch_up()
@@ -276,18 +260,18 @@ class OwnKvHead(MtpDrafter):
         i_out = b.add(id_last, pos, logits=True, h=self.pending_h)
         if self.all_outputs:
             b.logits[: b.n_tokens] = 1
-        self._decode(self.ctx, b)
-        b.clear()
         out: list[int] = []
-        while (tok := rows.pick(i_out if self.all_outputs else 0)) is not None:
+        while True:
+            at = yield Need(self, self.ctx, b)
+            b.clear()
+            tok = rows.pick(at.out0 + (i_out if self.all_outputs else 0))
+            if tok is None:
+                break
             out.append(tok)
             if len(out) >= n_max:
                 break
-            h = lx.get_embeddings_nextn_ith(self.ctx, i_out, copy=False, n_embd=self.E)
-            b.add(tok, pos + len(out), logits=True, h=h)
-            self._decode(self.ctx, b)
-            b.clear()
-            i_out = 0
+            h = lx.get_embeddings_nextn_ith(self.ctx, at.row0 + i_out, copy=False, n_embd=self.E)
+            i_out = b.add(tok, pos + len(out), logits=True, h=h)
             rows.n_extra += 1
         return out
 
@@ -324,7 +308,8 @@ class ChainedHeads(MtpDrafter):
         lx.set_nextn_layer_offset(self.ctx, 0)
         super().restart(pos, h, row)
 
-    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+    def _drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
+        yield from ()  # (its decodes are its own: each switches the context's head)
         self.catch_up()
         if n_max <= 0:
             self.rows.batch.add(id_last, pos, h=self.pending_h)
@@ -384,17 +369,17 @@ class SharedAssistant(MtpDrafter):
         self.rows.batch.clear()  # (its memory is the target's, which the loop rewound)
         self.pending_h[:] = 0.0
 
-    def _draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+    def _drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
         b, tok, h = self.rows.batch, id_last, self.pending_h
         out: list[int] = []
         while len(out) < n_max:
             b.clear()
             b.add(tok, pos, logits=True, h=h)
-            self._decode(self.ctx, b)
-            nxt = self.rows.pick(0)
+            at = yield Need(self, self.ctx, b)
+            nxt = self.rows.pick(at.out0)
             if nxt is None:
                 break
             out.append(nxt)
-            tok, h = nxt, lx.get_embeddings_nextn_ith(self.ctx, 0, copy=False, n_embd=self.E)
+            tok, h = nxt, lx.get_embeddings_nextn_ith(self.ctx, at.row0, copy=False, n_embd=self.E)
         b.clear()
         return out

@@ -96,6 +96,20 @@ class Batch:
         self.n_tokens = k + 1
         return k
 
+    def extend(self, other: Batch) -> int:
+        """Append every row of another batch (its tokens, positions, sequences, output flags and h
+        rows); returns the index of its first row here."""
+        k, n = self.n_tokens, other.n_tokens
+        if k + n > self.capacity:
+            raise LlamaError(f"batch capacity {self.capacity} exceeded")
+        for mine, theirs in ((self.tokens, other.tokens), (self.pos, other.pos), (self.seq_ids, other.seq_ids)):
+            mine[k : k + n] = theirs[:n]
+        self.logits[k : k + n] = other.logits[:n]
+        if self.n_embd:
+            self.h[k : k + n] = other.h[:n]
+        self.n_tokens = k + n
+        return k
+
     def as_llama_batch(self) -> Any:
         b: Any = self._llama_batch
         if b is not None:

@@ -1,0 +1,98 @@
+"""drafters.joint: drafting steps whose decodes are merged by context, as many rows as one batch takes,
+each step sent where its rows sat."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtp_cli import llama_ext as lx
+from mtp_cli.drafters.base import Drafter, Need, Placed
+from mtp_cli.drafters.joint import Joint, alone
+
+
+class _Ctx:
+    """A stand-in context: n_batch rows, and the batches decoded in it."""
+
+    def __init__(self, n_batch: int, fail: bool = False):
+        self.n_batch, self.fail, self.decoded = n_batch, fail, []
+
+
+@pytest.fixture
+def fake_decode(monkeypatch):
+    def decode(ctx, batch):
+        if ctx.fail:
+            raise lx.LlamaError("refused")
+        n = batch.n_tokens
+        ctx.decoded.append((batch.tokens[:n].tolist(), batch.seq_ids[:n].tolist(), batch.logits[:n].tolist()))
+
+    monkeypatch.setattr(lx, "decode", decode)
+    monkeypatch.setattr(lx, "n_batch", lambda ctx: ctx.n_batch)
+
+
+def _step(ctx, seq: int, sizes: list[int], seen: list, closed: list, d: Drafter | None = None):
+    """A drafting step of sequence `seq` that waits on decodes of sizes[i] rows (the last one an
+    output row); it returns [seq] * len(sizes), and notes where each decode's rows sat."""
+    d = d or Drafter()
+    try:
+        for i, n in enumerate(sizes):
+            b = lx.Batch(8, seq_id=seq)
+            b.add_many([100 * seq + 10 * i + j for j in range(n)], 0, logits_last=True)
+            at = yield Need(d, ctx, b)
+            seen.append((seq, i, at))
+        return [seq] * len(sizes)
+    finally:
+        closed.append(seq)
+
+
+def test_steps_of_one_context_share_the_decodes_that_fit_one_batch(fake_decode):
+    ctx, seen, closed = _Ctx(4), [], []
+    steps = {s: _step(ctx, s, sizes, seen, closed) for s, sizes in ((0, [3, 1]), (1, [2]), (2, [1, 1]))}
+    got = Joint().run(steps)
+    assert got == {0: [0, 0], 1: [1], 2: [2, 2]}
+    # 0's three rows and 2's one fill four; 1's two wait for the next decode, beside the others' next
+    assert ctx.decoded == [
+        ([0, 1, 2, 200], [0, 0, 0, 2], [0, 0, 1, 1]),
+        ([100, 101, 10, 210], [1, 1, 0, 2], [0, 1, 1, 1]),
+    ]
+    assert (0, 0, Placed(0, 0)) in seen and (2, 0, Placed(3, 1)) in seen  # (row 3, after 0's one output)
+    assert (1, 0, Placed(0, 0)) in seen and (0, 1, Placed(2, 1)) in seen and (2, 1, Placed(3, 2)) in seen
+    assert sorted(closed) == [0, 1, 2]
+
+
+def test_without_merging_each_decode_is_its_own(fake_decode):
+    ctx, seen, closed = _Ctx(4), [], []
+    got = Joint(merge=False).run({s: _step(ctx, s, [1, 1], seen, closed) for s in (0, 1)})
+    assert got == {0: [0, 0], 1: [1, 1]} and len(ctx.decoded) == 4
+    assert all(at == Placed(0, 0) for _, _, at in seen)
+
+
+def test_a_refused_shared_decode_fails_every_step_that_shared_it_and_no_other(fake_decode):
+    bad, good, seen, closed = _Ctx(4, fail=True), _Ctx(4), [], []
+    got = Joint().run(
+        {0: _step(bad, 0, [1], seen, closed), 1: _step(bad, 1, [1], seen, closed), 2: _step(good, 2, [1], seen, closed)}
+    )
+    assert isinstance(got[0], Exception) and isinstance(got[1], Exception) and got[2] == [2]
+    assert sorted(closed) == [0, 1, 2]  # (the failed ones closed: their cleanup ran)
+
+
+def test_a_step_that_raises_ends_alone(fake_decode):
+    ctx, seen, closed = _Ctx(4), [], []
+
+    def broken():
+        yield Need(Drafter(), ctx, lx.Batch(1))
+        raise ValueError("no rows")
+
+    got = Joint().run({0: broken(), 1: _step(ctx, 1, [1, 1], seen, closed)})
+    assert isinstance(got[0], ValueError) and got[1] == [1, 1]
+
+
+def test_alone_decodes_each_need_as_its_drafters_own(fake_decode):
+    ctx, seen, closed, d = _Ctx(4), [], [], Drafter()
+    assert alone(_step(ctx, 3, [2, 1], seen, closed, d)) == [3, 3]
+    assert len(ctx.decoded) == 2 and d.n_decode == 2 and all(at == Placed(0, 0) for _, _, at in seen)
+
+
+def test_a_shared_decode_is_charged_in_equal_shares(fake_decode):
+    ctx, seen, closed, ds = _Ctx(4), [], [], [Drafter(), Drafter()]
+    Joint().run({s: _step(ctx, s, [1], seen, closed, ds[s]) for s in (0, 1)})
+    assert [d.n_decode for d in ds] == [1, 1] and ds[0].t_decode == ds[1].t_decode > 0
