@@ -200,7 +200,9 @@ class BatchRunner:
                 else:
                     steps[seq] = step
         drafts = {}
-        for seq, got in self._joint.run(steps).items():
+        results = self._joint.run(steps)
+        for seq in steps:  # (in the running order, not the order their drafting ended)
+            got = results[seq]
             if isinstance(got, BaseException):
                 out[seq].error, out[seq].ended = got, True
             else:

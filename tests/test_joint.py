@@ -11,18 +11,18 @@ from mtp_cli.drafters.joint import Joint, alone
 
 
 class _Ctx:
-    """A stand-in context: n_batch rows, and the batches decoded in it."""
+    """A stand-in context: n_batch rows, the batches decoded in it, and tokens it refuses."""
 
-    def __init__(self, n_batch: int, fail: bool = False):
-        self.n_batch, self.fail, self.decoded = n_batch, fail, []
+    def __init__(self, n_batch: int, bad: tuple[int, ...] = ()):
+        self.n_batch, self.bad, self.decoded = n_batch, bad, []
 
 
 @pytest.fixture
 def fake_decode(monkeypatch):
     def decode(ctx, batch):
-        if ctx.fail:
-            raise lx.LlamaError("refused")
         n = batch.n_tokens
+        if set(batch.tokens[:n].tolist()) & set(ctx.bad):
+            raise lx.LlamaError("refused")
         ctx.decoded.append((batch.tokens[:n].tolist(), batch.seq_ids[:n].tolist(), batch.logits[:n].tolist()))
 
     monkeypatch.setattr(lx, "decode", decode)
@@ -66,13 +66,13 @@ def test_without_merging_each_decode_is_its_own(fake_decode):
     assert all(at == Placed(0, 0) for _, _, at in seen)
 
 
-def test_a_refused_shared_decode_fails_every_step_that_shared_it_and_no_other(fake_decode):
-    bad, good, seen, closed = _Ctx(4, fail=True), _Ctx(4), [], []
-    got = Joint().run(
-        {0: _step(bad, 0, [1], seen, closed), 1: _step(bad, 1, [1], seen, closed), 2: _step(good, 2, [1], seen, closed)}
-    )
-    assert isinstance(got[0], Exception) and isinstance(got[1], Exception) and got[2] == [2]
-    assert sorted(closed) == [0, 1, 2]  # (the failed ones closed: their cleanup ran)
+def test_a_refused_shared_decode_is_retried_apart_so_only_the_step_at_fault_fails(fake_decode):
+    ctx, other, seen, closed = _Ctx(4, bad=(100,)), _Ctx(4), [], []
+    steps = {0: _step(ctx, 0, [1], seen, closed), 1: _step(ctx, 1, [1], seen, closed)}
+    got = Joint().run({**steps, 2: _step(other, 2, [1], seen, closed)})
+    assert isinstance(got[1], lx.LlamaError) and got[0] == [0] and got[2] == [2]
+    assert ctx.decoded == [([0], [0], [1])]  # (0's row alone, after the merged batch was refused)
+    assert sorted(closed) == [0, 1, 2]  # (the failed one closed: its cleanup ran)
 
 
 def test_a_step_that_raises_ends_alone(fake_decode):
@@ -96,3 +96,12 @@ def test_a_shared_decode_is_charged_in_equal_shares(fake_decode):
     ctx, seen, closed, ds = _Ctx(4), [], [], [Drafter(), Drafter()]
     Joint().run({s: _step(ctx, s, [1], seen, closed, ds[s]) for s in (0, 1)})
     assert [d.n_decode for d in ds] == [1, 1] and ds[0].t_decode == ds[1].t_decode > 0
+
+
+def test_alone_closes_a_step_whose_decode_fails(fake_decode):
+    """Its cleanup (the loop's: the steer and grammar copy it lent the drafter) runs at once, not
+    whenever the generator is collected."""
+    ctx, seen, closed = _Ctx(4, bad=(300,)), [], []
+    with pytest.raises(lx.LlamaError):
+        alone(_step(ctx, 3, [1], seen, closed))
+    assert closed == [3]

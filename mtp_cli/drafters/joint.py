@@ -31,10 +31,23 @@ def alone(step: Drafting) -> list[int]:
     try:
         need = next(step)
         while True:
-            need.drafter._decode(need.ctx, need.batch)
+            try:
+                need.drafter._decode(need.ctx, need.batch)
+            except BaseException:
+                step.close()  # (its cleanup now: the steer and grammar copy it holds are the drafter's)
+                raise
             need = step.send(ALONE)
     except StopIteration as e:
         return list(e.value)
+
+
+def _fail(step: Drafting, e: BaseException, key: K, done: dict[K, Union[list[int], BaseException]]) -> None:
+    """The step ends with e, its cleanup run now."""
+    try:
+        step.close()
+    except BaseException as e2:  # (a cleanup that fails: the step's error is still e)
+        e.__context__ = e.__context__ or e2
+    done[key] = e
 
 
 class Joint:
@@ -55,10 +68,18 @@ class Joint:
             needs = [waiting.pop(k) for k in group]
             try:
                 placed = self._decode(needs)
-            except BaseException as e:  # (llama.cpp refused the merged batch: each step ends with it)
-                for k in group:
-                    steps[k].close()
-                    done[k] = e
+            except BaseException as e:
+                if len(group) == 1:
+                    _fail(steps[group[0]], e, group[0], done)
+                    continue
+                # (llama.cpp refused the merged batch: each alone, so only a step at fault fails)
+                for k, need in zip(group, needs):
+                    try:
+                        need.drafter._decode(need.ctx, need.batch)
+                    except BaseException as e1:
+                        _fail(steps[k], e1, k, done)
+                        continue
+                    self._advance(k, steps[k], ALONE, waiting, done)
                 continue
             for k, at in zip(group, placed):
                 self._advance(k, steps[k], at, waiting, done)
@@ -80,8 +101,8 @@ class Joint:
             return [next(iter(waiting))]
         room = lx.n_batch(first.ctx)
         group: list[K] = []
-        for k, need in waiting.items():
-            if need.ctx is first.ctx and need.batch.n_tokens <= room:
+        for k, need in waiting.items():  # (the first always: alone, a batch too big fails at its decode)
+            if need.ctx is first.ctx and (not group or need.batch.n_tokens <= room):
                 group.append(k)
                 room -= need.batch.n_tokens
         return group
