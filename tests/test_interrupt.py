@@ -149,3 +149,20 @@ def test_a_real_sigint_at_any_point_after_the_interpreter_starts_never_shows_a_t
             assert errs.strip() == "interrupted", errs
         codes.add(p.returncode)
     assert 130 in codes
+
+
+def test_a_ctrl_c_while_ctypes_reads_a_handle_stays_a_keyboard_interrupt():
+    """ctypes runs the handle's `_as_parameter_` (Python) to pass it; a SIGINT landing there comes out
+    of ctypes as ArgumentError("argument 1: KeyboardInterrupt"), which the loop would report as a
+    crash: decode gives it back as the KeyboardInterrupt it was (seen once in CI: a conversation's
+    Ctrl-C printed a traceback)."""
+
+    class Interrupted:
+        @property
+        def _as_parameter_(self):
+            raise KeyboardInterrupt
+
+    b = lx.Batch(2)
+    b.add(1, 0, logits=True)
+    with pytest.raises(KeyboardInterrupt):
+        lx.decode(Interrupted(), b)  # type: ignore[arg-type]

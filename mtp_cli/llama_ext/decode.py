@@ -132,16 +132,23 @@ class Batch:
 def decode(ctx: Context, batch: Batch) -> None:
     """llama_decode, waited for (llama_synchronize: a GPU backend returns before its work and the
     copies of its outputs are done, and the first read of the logits would wait instead, so a
-    decode's time would be counted as the caller's); raises LlamaError on a non-zero return."""
+    decode's time would be counted as the caller's); raises LlamaError on a non-zero return. A Ctrl-C
+    that lands while ctypes reads the handle (Python code: `_as_parameter_`) stays a KeyboardInterrupt,
+    not the ArgumentError ctypes wraps it in."""
     if batch.n_tokens == 0:
         return
-    n_batch = int(_C.llama_n_batch(ctx))
-    if batch.n_tokens > n_batch:  # llama.cpp would GGML_ASSERT (abort the process)
-        raise LlamaError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch={n_batch}")
-    rc = int(_C.llama_decode(ctx, batch.as_llama_batch()))
-    if rc != 0:
-        raise LlamaError(f"llama_decode failed with code {rc}")
-    _C.llama_synchronize(ctx)
+    try:
+        n_batch = int(_C.llama_n_batch(ctx))
+        if batch.n_tokens > n_batch:  # llama.cpp would GGML_ASSERT (abort the process)
+            raise LlamaError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch={n_batch}")
+        rc = int(_C.llama_decode(ctx, batch.as_llama_batch()))
+        if rc != 0:
+            raise LlamaError(f"llama_decode failed with code {rc}")
+        _C.llama_synchronize(ctx)
+    except ctypes.ArgumentError as e:
+        if "KeyboardInterrupt" in str(e):
+            raise KeyboardInterrupt from None
+        raise
 
 
 def logits_ith(ctx: Context, i: int, *, copy: bool = True) -> np.ndarray:
