@@ -17,9 +17,11 @@ def _kinds(tiny_models, tmp_path):
     from tests.gemma4_pair import write_gemma4_pair
 
     glm = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
+    qwen = tiny_models("qwen35", head_noise=1.0, **SENSITIVE)
     return {
+        "draft-recurrent": (qwen["full"], dict(spec_type="draft", draft_model=str(qwen["trunk"]))),
         "glm4moe": (glm["full"], dict(spec_type="mtp")),
-        "qwen35": (tiny_models("qwen35", head_noise=1.0, **SENSITIVE)["full"], dict(spec_type="mtp")),
+        "qwen35": (qwen["full"], dict(spec_type="mtp")),
         "draft": (glm["full"], dict(spec_type="draft", draft_model=str(glm["trunk"]))),
         "lookup,mtp": (glm["full"], dict(spec_type="lookup,mtp")),
         "gemma4": (lambda: write_gemma4_pair(tmp_path, agree=0.8), None),
@@ -263,12 +265,12 @@ def test_every_slots_drafter_shares_one_context(tiny_models, spec):
     assert ctx.closed
 
 
-@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "lookup,mtp"])
-def test_every_slots_head_drafts_in_one_decode_per_draft_position(tiny_models, tmp_path, monkeypatch, kind):
-    """Three sequences drafting up to 3 each: their heads' rows go into one decode per draft position
-    (catch-up rows and the first draft rows together, then a row a sequence), not one decode per
-    sequence; each still drafts, keeps and gives what it does alone, which needs every head to read
-    its own rows of the shared decode (logits, h rows)."""
+@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "lookup,mtp", "draft", "draft-recurrent"])
+def test_every_slots_drafter_decodes_in_one_decode_per_draft_position(tiny_models, tmp_path, monkeypatch, kind):
+    """Three sequences drafting up to 3 each: their heads' (or draft models') rows go into one decode
+    per draft position (catch-up rows and the first draft rows together, then a row a sequence), not
+    one decode per sequence; each still drafts, keeps and gives what it does alone, which needs every
+    drafter to read its own rows of the shared decode (logits, h rows)."""
     from mtp_cli import llama_ext as lx
     from mtp_cli.slots import BatchRunner
 
@@ -278,23 +280,24 @@ def test_every_slots_head_drafts_in_one_decode_per_draft_position(tiny_models, t
     alone = _alone(kinds, kind, cfg, texts)
     real = lx.decode
     for joint in (True, False):
-        heads: list[int] = []  # sequences in each head decode
+        seqs: list[int] = []  # sequences in each drafter decode
+        rt = _load(kinds, kind, 3)
 
-        def spy(ctx, batch, heads=heads):
-            if batch.n_embd:  # (a head's rows carry h rows; the target's do not)
-                heads.append(len(set(batch.seq_ids[: batch.n_tokens].tolist())))
+        def spy(ctx, batch, seqs=seqs, rt=rt):
+            if rt._ctx is not None and ctx is not rt._ctx.target:  # (a drafter's context)
+                seqs.append(len(set(batch.seq_ids[: batch.n_tokens].tolist())))
             real(ctx, batch)
 
         monkeypatch.setattr(lx, "decode", spy)
-        with _load(kinds, kind, 3) as rt:
+        with rt:
             runner = BatchRunner(rt, joint=joint)
             stats = {s: runner.add(rt.prepare(rt.tokenize(t), cfg, seq=s)) for s, t in enumerate(texts)}
             toks, _ = run_batched(runner)
         got = [(toks[s], list(stats[s].drafted_at), list(stats[s].accepted_at)) for s in range(3)]
         assert got == alone, joint
         if joint:
-            shared, n_joint = sum(n > 1 for n in heads), len(heads)
+            shared, n_joint = sum(n > 1 for n in seqs), len(seqs)
         else:
-            assert max(heads) == 1
-            n_apart = len(heads)
+            assert max(seqs) == 1
+            n_apart = len(seqs)
     assert shared > 0 and n_joint < 0.75 * n_apart, (shared, n_joint, n_apart)

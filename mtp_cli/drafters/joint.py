@@ -1,6 +1,6 @@
-"""Drafting steps run alone, or several sequences' together: one head decode per draft position for
-every sequence whose drafter decodes in the same context (llama.cpp's one speculative context for
-all slots), not one per sequence.
+"""Drafting steps run alone, or several sequences' together: one drafter decode (an MTP head's, a
+draft model's) per draft position for every sequence whose drafter decodes in the same context
+(llama.cpp's one speculative context for all slots), not one per sequence.
 
     drafts = alone(d.drafting(id_last, pos, n))      # one drafter: each decode its own
     got = Joint().run({seq: drafting, ...})           # several: their decodes merged by context

@@ -16,7 +16,18 @@ from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, DraftRows, Loader, Models, check_same_vocab
+from mtp_cli.drafters.base import (
+    DRAFT_N_OUTPUTS,
+    ContextPlan,
+    Drafter,
+    Drafting,
+    DraftRows,
+    Loader,
+    Models,
+    Need,
+    check_same_vocab,
+)
+from mtp_cli.drafters.joint import alone
 from mtp_cli.errors import ConfigError, ModelFileError
 
 
@@ -45,7 +56,7 @@ class ModelDrafter(Drafter):
                 n_batch=plan.n_batch,
                 n_threads=plan.n_threads,
                 kv=plan.kv,
-                n_outputs_max=DRAFT_N_OUTPUTS,
+                n_outputs_max=DRAFT_N_OUTPUTS * plan.n_seq,  # (every slot's: drafters.joint)
                 n_seq_max=plan.n_seq,
             ),
         )
@@ -94,6 +105,10 @@ class ModelDrafter(Drafter):
         self.rows.enqueue(tokens, pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
+        return alone(self.drafting(id_last, pos, n_max))
+
+    def drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
+        """Its decodes yielded: every slot's draft model decodes in one (drafters.joint)."""
         rows, b = self.rows, self.rows.batch
         rows.pos, rows.n_extra = pos, 0
         if b.n_tokens == b.capacity:
@@ -101,17 +116,19 @@ class ModelDrafter(Drafter):
         b.add(id_last, pos, logits=n_max > 0)
         if n_max <= 0:
             return []  # the row stays queued for the next catch-up
-        self._flush()
+        out: list[int] = []
+        at = yield Need(self, self.ctx, b)
+        b.clear()
         if self.ckpt is not None:
             self.ckpt.save()  # state after id_last: where a rejected draft rolls back to
-        out: list[int] = []
-        while (tok := rows.pick(0)) is not None:
+        while (tok := rows.pick(at.out0)) is not None:
             out.append(tok)
             if len(out) >= n_max:
                 break
             b.add(tok, pos + len(out), logits=True)
-            self._flush()
             rows.n_extra += 1
+            at = yield Need(self, self.ctx, b)
+            b.clear()
         return out
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
