@@ -105,3 +105,25 @@ def test_alone_closes_a_step_whose_decode_fails(fake_decode):
     with pytest.raises(lx.LlamaError):
         alone(_step(ctx, 3, [1], seen, closed))
     assert closed == [3]
+
+
+def test_needs_of_different_head_layers_do_not_share_a_decode(fake_decode, monkeypatch):
+    """Chained heads switch the head for the whole context: only needs of one layer merge, and the
+    layer is set before each decode."""
+    layers: list[int] = []
+    monkeypatch.setattr(lx, "set_nextn_layer_offset", lambda ctx, layer: layers.append(layer))
+    ctx = _Ctx(8)
+
+    def chained(seq: int, order: list[int]):
+        d = Drafter()
+        for i, layer in enumerate(order):
+            b = lx.Batch(2, seq_id=seq)
+            b.add(10 * seq + i, 0, logits=True)
+            yield Need(d, ctx, b, layer=layer)
+        return [seq]
+
+    got = Joint().run({0: chained(0, [0, 1]), 1: chained(1, [1, 0]), 2: chained(2, [0, 1])})
+    assert got == {0: [0], 1: [1], 2: [2]}
+    # 0's and 2's layer-0 rows together; 1's layer 1 waits: merged with 0's and 2's layer 1 next
+    assert ctx.decoded[0][0] == [0, 20] and ctx.decoded[1][0] == [10, 1, 21] and ctx.decoded[2][0] == [11]
+    assert layers == [0, 1, 0]

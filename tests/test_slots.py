@@ -15,10 +15,13 @@ from tests.parity import SENSITIVE, greedy
 
 def _kinds(tiny_models, tmp_path):
     from tests.gemma4_pair import write_gemma4_pair
+    from tests.test_drafters import write_tiny_mimo2
 
     glm = tiny_models("glm4moe", head_noise=1.0, **SENSITIVE)
     qwen = tiny_models("qwen35", head_noise=1.0, **SENSITIVE)
+    mimo2 = write_tiny_mimo2(tmp_path / "mimo2-3heads.gguf", n_heads=3, mix=2.0, head_noise=1.0)
     return {
+        "chained": (mimo2, dict(spec_type="mtp")),
         "draft-recurrent": (qwen["full"], dict(spec_type="draft", draft_model=str(qwen["trunk"]))),
         "glm4moe": (glm["full"], dict(spec_type="mtp")),
         "qwen35": (qwen["full"], dict(spec_type="mtp")),
@@ -121,7 +124,7 @@ def test_sequences_are_checked(tiny_models):
         Runtime.load(s["full"], n_parallel=0)
 
 
-@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "draft", "lookup,mtp", "gemma4"])
+@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "draft", "lookup,mtp", "gemma4", "chained"])
 def test_batched_sequences_each_give_what_they_give_alone(tiny_models, tmp_path, kind):
     """One decode per step for three sequences (one joining late, prompts of different lengths read
     in chunks beside the others' steps): each gets its tokens and its drafts' fate as alone, which
@@ -265,7 +268,7 @@ def test_every_slots_drafter_shares_one_context(tiny_models, spec):
     assert ctx.closed
 
 
-@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "lookup,mtp", "draft", "draft-recurrent"])
+@pytest.mark.parametrize("kind", ["glm4moe", "qwen35", "lookup,mtp", "draft", "draft-recurrent", "chained"])
 def test_every_slots_drafter_decodes_in_one_decode_per_draft_position(tiny_models, tmp_path, monkeypatch, kind):
     """Three sequences drafting up to 3 each: their heads' (or draft models') rows go into one decode
     per draft position (catch-up rows and the first draft rows together, then a row a sequence), not

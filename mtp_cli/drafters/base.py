@@ -68,11 +68,14 @@ Loader = Callable[[GGUFFile, str, bool], lx.Model]
 @dataclass(frozen=True)
 class Need:
     """A decode a drafting step waits on: `batch`'s rows in `ctx`, for `drafter` (who is charged its
-    time). It is sent back where those rows sat in the batch that was decoded (Placed)."""
+    time), with the context's head `layer` when it has several (chained heads: set for the whole
+    context, so only needs of one layer share a decode). It is sent back where those rows sat in the
+    batch that was decoded (Placed)."""
 
     drafter: Drafter
     ctx: lx.Context
     batch: lx.Batch
+    layer: Optional[int] = None
 
 
 @dataclass(frozen=True)

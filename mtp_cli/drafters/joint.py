@@ -32,13 +32,20 @@ def alone(step: Drafting) -> list[int]:
         need = next(step)
         while True:
             try:
-                need.drafter._decode(need.ctx, need.batch)
+                _decode_alone(need)
             except BaseException:
                 step.close()  # (its cleanup now: the steer and grammar copy it holds are the drafter's)
                 raise
             need = step.send(ALONE)
     except StopIteration as e:
         return list(e.value)
+
+
+def _decode_alone(need: Need) -> None:
+    """The need's decode as its drafter's own (its head layer set first)."""
+    if need.layer is not None:
+        lx.set_nextn_layer_offset(need.ctx, need.layer)
+    need.drafter._decode(need.ctx, need.batch)
 
 
 def _fail(step: Drafting, e: BaseException, key: K, done: dict[K, Union[list[int], BaseException]]) -> None:
@@ -75,7 +82,7 @@ class Joint:
                 # (llama.cpp refused the merged batch: each alone, so only a step at fault fails)
                 for k, need in zip(group, needs):
                     try:
-                        need.drafter._decode(need.ctx, need.batch)
+                        _decode_alone(need)
                     except BaseException as e1:
                         _fail(steps[k], e1, k, done)
                         continue
@@ -102,7 +109,7 @@ class Joint:
         room = lx.n_batch(first.ctx)
         group: list[K] = []
         for k, need in waiting.items():  # (the first always: alone, a batch too big fails at its decode)
-            if need.ctx is first.ctx and (not group or need.batch.n_tokens <= room):
+            if need.ctx is first.ctx and need.layer == first.layer and (not group or need.batch.n_tokens <= room):
                 group.append(k)
                 room -= need.batch.n_tokens
         return group
@@ -110,9 +117,11 @@ class Joint:
     def _decode(self, needs: list[Need]) -> list[Placed]:
         """Decode the needs' rows as one batch (alone: its own batch); where each one's rows sat."""
         if len(needs) == 1:
-            needs[0].drafter._decode(needs[0].ctx, needs[0].batch)
+            _decode_alone(needs[0])
             return [ALONE]
         ctx = needs[0].ctx
+        if needs[0].layer is not None:
+            lx.set_nextn_layer_offset(ctx, needs[0].layer)
         b = self._batch(ctx, needs[0].batch.n_embd)
         b.clear()
         placed = []

@@ -289,16 +289,19 @@ class ChainedHeads(MtpDrafter):
         self.chain_batch = lx.Batch(self.n_heads + 1, self.E, self.seq)
 
     def catch_up(self) -> None:
+        alone(self._catching_up())
+
+    def _catching_up(self) -> Drafting:
+        """Every head over the queued rows, a decode each (shareable: drafters.joint)."""
         b = self.rows.batch
-        if b.n_tokens == 0:
-            return
-        first = int(b.pos[0])
-        for head in range(self.n_heads):  # (KV cells are shared: each head re-decodes its own)
-            lx.memory_seq_rm(self.ctx, self.seq, first, -1)
-            lx.set_nextn_layer_offset(self.ctx, head)
-            self._decode(self.ctx, b)
-        lx.set_nextn_layer_offset(self.ctx, 0)
-        b.clear()
+        if b.n_tokens:
+            first = int(b.pos[0])
+            for head in range(self.n_heads):  # (KV cells are shared: each head re-decodes its own)
+                lx.memory_seq_rm(self.ctx, self.seq, first, -1)
+                yield Need(self, self.ctx, b, layer=head)
+            lx.set_nextn_layer_offset(self.ctx, 0)
+            b.clear()
+        return []
 
     def begin(self, prompt: Sequence[int]) -> None:
         lx.set_nextn_layer_offset(self.ctx, 0)  # in case a previous generation was interrupted mid-chain
@@ -309,8 +312,7 @@ class ChainedHeads(MtpDrafter):
         super().restart(pos, h, row)
 
     def _drafting(self, id_last: int, pos: int, n_max: int) -> Drafting:
-        yield from ()  # (its decodes are its own: each switches the context's head)
-        self.catch_up()
+        yield from self._catching_up()
         if n_max <= 0:
             self.rows.batch.add(id_last, pos, h=self.pending_h)
             return []
@@ -319,18 +321,18 @@ class ChainedHeads(MtpDrafter):
         out: list[int] = []
         for i in range(min(n_max, self.n_heads)):
             lx.memory_seq_rm(self.ctx, self.seq, pos, -1)
-            lx.set_nextn_layer_offset(self.ctx, i)
             cb.clear()
             toks = [id_last] + out
             i_last = cb.add_many(toks, pos, logits_last=True, h=self.chain_h[: len(toks)])
             if self.all_outputs:
                 cb.logits[: cb.n_tokens] = 1  # (MERGE_ROWS)
-            self._decode(self.ctx, cb)
-            tok = self.rows.pick(i_last if self.all_outputs else 0)
+            at = yield Need(self, self.ctx, cb, layer=i)  # (head i: every slot's step i in one decode)
+            tok = self.rows.pick(at.out0 + (i_last if self.all_outputs else 0))
             if tok is None:
                 break
             out.append(tok)
-            np.copyto(self.chain_h[len(out)], lx.get_embeddings_nextn_ith(self.ctx, i_last, copy=False, n_embd=self.E))
+            h = lx.get_embeddings_nextn_ith(self.ctx, at.row0 + i_last, copy=False, n_embd=self.E)
+            np.copyto(self.chain_h[len(out)], h)
         lx.set_nextn_layer_offset(self.ctx, 0)
         # every head's layer now holds rows at pos..: drop them, the catch-up re-feeds id_last
         lx.memory_seq_rm(self.ctx, self.seq, pos, -1)
