@@ -127,3 +127,21 @@ def test_needs_of_different_head_layers_do_not_share_a_decode(fake_decode, monke
     # 0's and 2's layer-0 rows together; 1's layer 1 waits: merged with 0's and 2's layer 1 next
     assert ctx.decoded[0][0] == [0, 20] and ctx.decoded[1][0] == [10, 1, 21] and ctx.decoded[2][0] == [11]
     assert layers == [0, 1, 0]
+
+
+def test_a_need_marked_alone_shares_no_decode(fake_decode):
+    """Rows without outputs where h rows are extracted by output (chained heads of an unknown graph:
+    their catch-up) would hand the next need their h: such a need decodes by itself."""
+    ctx = _Ctx(8)
+
+    def step(seq: int, alone_first: bool):
+        d = Drafter()
+        for i, solo in enumerate((alone_first, False)):
+            b = lx.Batch(2, seq_id=seq)
+            b.add(10 * seq + i, 0, logits=not solo)
+            yield Need(d, ctx, b, alone=solo)
+        return [seq]
+
+    got = Joint().run({0: step(0, True), 1: step(1, False), 2: step(2, False)})
+    assert got == {0: [0], 1: [1], 2: [2]}
+    assert [toks for toks, _, _ in ctx.decoded] == [[0], [10, 20, 1], [11, 21]]  # (its next need merges)

@@ -130,9 +130,23 @@ def test_batched_sequences_each_give_what_they_give_alone(tiny_models, tmp_path,
     in chunks beside the others' steps): each gets its tokens and its drafts' fate as alone, which
     needs every loop to read its own rows of the shared decode (logits, the sampler's index, the
     head's h rows)."""
-    from mtp_cli.slots import BatchRunner
+    _batched_as_alone(_kinds(tiny_models, tmp_path), kind)
+
+
+def test_chained_heads_of_an_unknown_graph_batched_give_what_they_give_alone(tiny_models, tmp_path):
+    """Where the graph's h order is unknown, every row of a chained head's draft batch is an output and
+    its catch-up decodes alone (tests/test_joint.py): batched, each slot still reads its own rows
+    (logits and h by output), with the third sequence joining late (the slots' phases apart)."""
+    from tests.test_drafters import _as_recorded
 
     kinds = _kinds(tiny_models, tmp_path)
+    with _as_recorded("mimo2", False):
+        _batched_as_alone(kinds, "chained")
+
+
+def _batched_as_alone(kinds, kind: str) -> None:
+    from mtp_cli.slots import BatchRunner
+
     spec = "mtp" if kind == "gemma4" else kinds[kind][1]["spec_type"]
     cfg = greedy(spec_type=spec, draft_n_max=3, n_ctx=768, n_batch=16)
     texts = ("hello world", "the cat sat on the mat and then the dog", "a b c")

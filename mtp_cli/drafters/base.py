@@ -70,12 +70,14 @@ class Need:
     """A decode a drafting step waits on: `batch`'s rows in `ctx`, for `drafter` (who is charged its
     time), with the context's head `layer` when it has several (chained heads: set for the whole
     context, so only needs of one layer share a decode). It is sent back where those rows sat in the
-    batch that was decoded (Placed)."""
+    batch that was decoded (Placed). `alone`: it shares no decode (rows without outputs in a context
+    whose h rows are extracted by output: another need's h would be read off them)."""
 
     drafter: Drafter
     ctx: lx.Context
     batch: lx.Batch
     layer: Optional[int] = None
+    alone: bool = False
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,13 @@ class Joint:
     def _group(self, waiting: dict[K, Need]) -> list[K]:
         """The waiting steps of the first one's context whose rows fit one batch together, in order."""
         first = next(iter(waiting.values()))
-        if not self.merge:
+        if not self.merge or first.alone:
             return [next(iter(waiting))]
         room = lx.n_batch(first.ctx)
         group: list[K] = []
         for k, need in waiting.items():  # (the first always: alone, a batch too big fails at its decode)
-            if need.ctx is first.ctx and need.layer == first.layer and (not group or need.batch.n_tokens <= room):
+            same = need.ctx is first.ctx and need.layer == first.layer and not need.alone
+            if same and (not group or need.batch.n_tokens <= room):
                 group.append(k)
                 room -= need.batch.n_tokens
         return group

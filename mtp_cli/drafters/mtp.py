@@ -298,7 +298,8 @@ class ChainedHeads(MtpDrafter):
             first = int(b.pos[0])
             for head in range(self.n_heads):  # (KV cells are shared: each head re-decodes its own)
                 lx.memory_seq_rm(self.ctx, self.seq, first, -1)
-                yield Need(self, self.ctx, b, layer=head)
+                # (an unknown graph's h is extracted by output: these rows have none, so alone)
+                yield Need(self, self.ctx, b, layer=head, alone=self.all_outputs)
             lx.set_nextn_layer_offset(self.ctx, 0)
             b.clear()
         return []
