@@ -145,3 +145,20 @@ def test_a_need_marked_alone_shares_no_decode(fake_decode):
     got = Joint().run({0: step(0, True), 1: step(1, False), 2: step(2, False)})
     assert got == {0: [0], 1: [1], 2: [2]}
     assert [toks for toks, _, _ in ctx.decoded] == [[0], [10, 20, 1], [11, 21]]  # (its next need merges)
+
+
+def test_an_interrupted_shared_decode_is_not_retried(fake_decode, monkeypatch):
+    ctx, seen, closed = _Ctx(4), [], []
+
+    real, calls = lx.decode, []
+
+    def interrupted(ctx, batch):  # (the merged decode is interrupted; a retry would succeed)
+        calls.append(batch.n_tokens)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(ctx, batch)
+
+    monkeypatch.setattr(lx, "decode", interrupted)
+    got = Joint().run({s: _step(ctx, s, [1], seen, closed) for s in (0, 1)})
+    assert all(isinstance(g, KeyboardInterrupt) for g in got.values()) and sorted(closed) == [0, 1]
+    assert calls == [2]

@@ -65,7 +65,8 @@ class Joint:
         self._batches: dict[int, lx.Batch] = {}  # by id(ctx): the merged batch
 
     def run(self, steps: dict[K, Drafting]) -> dict[K, Union[list[int], BaseException]]:
-        """Every step's drafts, or what it raised (a failed shared decode fails all that shared it)."""
+        """Every step's drafts, or what it raised (a merged decode llama.cpp refuses is retried need by
+        need, so only a step at fault fails; an interrupt fails every step that shared it)."""
         done: dict[K, Union[list[int], BaseException]] = {}
         waiting: dict[K, Need] = {}
         for key, step in steps.items():
@@ -76,8 +77,9 @@ class Joint:
             try:
                 placed = self._decode(needs)
             except BaseException as e:
-                if len(group) == 1:
-                    _fail(steps[group[0]], e, group[0], done)
+                if len(group) == 1 or not isinstance(e, Exception):  # (Ctrl-C: nothing to retry)
+                    for k in group:
+                        _fail(steps[k], e, k, done)
                     continue
                 # (llama.cpp refused the merged batch: each alone, so only a step at fault fails)
                 for k, need in zip(group, needs):
