@@ -91,7 +91,7 @@ class VerifyLoop:
     def run(self, prompt: Sequence[int], reuse: Optional[Reuse] = None) -> Generator[TokenEvent, None, GenStats]:
         """`reuse`: what of the prompt the target already holds (only the rest is decoded). One decode
         of this loop's own rows at a time; a runner that batches several loops' rows calls begin,
-        fill and after itself (mtp_cli.slots)."""
+        proposal, fill and after itself (mtp_cli.slots)."""
         st = self.stats
         t_start = _now()
         try:
