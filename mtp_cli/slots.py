@@ -166,20 +166,26 @@ class BatchRunner:
         prompts saves nothing). Loops that are done are marked ended."""
         b = self._batch_of()
         b.clear()
-        placed = []
-        drafts = self._drafts(out)
+        placed: list[tuple[_Running, int, int]] = []
+        for seq, drafts in self._drafts(out).items():
+            self._place(seq, drafts, out, placed)
         first = next((s for s, r in self.running.items() if r.ready and r.loop.prefilling), None)
-        for seq, got in [*drafts.items(), *([(first, None)] if first is not None else [])]:
-            r = self.running[seq]
-            if got is None and b.n_tokens >= b.capacity:
-                break  # (its prompt waits for the next step)
-            row0, out0 = b.n_tokens, int(b.logits[: b.n_tokens].sum())
-            try:
-                r.loop.fill(b, got)
-                placed.append((r, row0, out0))
-            except BaseException as e:
-                out[seq].error, out[seq].ended = e, True
+        if first is not None and b.n_tokens < b.capacity:  # (else its prompt waits for the next step)
+            self._place(first, None, out, placed)
         return placed
+
+    def _place(
+        self, seq: int, drafts: Optional[list[int]], out: dict[int, StepOut], placed: list[tuple[_Running, int, int]]
+    ) -> None:
+        """A loop's rows into the batch (a step's, with its drafts, or a prompt chunk: None)."""
+        b, r = self._batch, self.running[seq]
+        assert b is not None
+        row0, out0 = b.n_tokens, int(b.logits[: b.n_tokens].sum())
+        try:
+            r.loop.fill(b, drafts)
+            placed.append((r, row0, out0))
+        except BaseException as e:
+            out[seq].error, out[seq].ended = e, True
 
     def _drafts(self, out: dict[int, StepOut]) -> dict[int, list[int]]:
         """This step's drafts of every running loop past its prompt, by sequence, drafted together.

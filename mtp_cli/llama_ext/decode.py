@@ -102,9 +102,14 @@ class Batch:
         k, n = self.n_tokens, other.n_tokens
         if k + n > self.capacity:
             raise LlamaError(f"batch capacity {self.capacity} exceeded")
-        for mine, theirs in ((self.tokens, other.tokens), (self.pos, other.pos), (self.seq_ids, other.seq_ids)):
+        pairs: tuple[tuple[np.ndarray, np.ndarray], ...] = (
+            (self.tokens, other.tokens),
+            (self.pos, other.pos),
+            (self.seq_ids, other.seq_ids),
+            (self.logits, other.logits),
+        )
+        for mine, theirs in pairs:
             mine[k : k + n] = theirs[:n]
-        self.logits[k : k + n] = other.logits[:n]
         if self.n_embd:
             self.h[k : k + n] = other.h[:n]
         self.n_tokens = k + n

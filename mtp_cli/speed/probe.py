@@ -34,12 +34,12 @@ from mtp_cli.speed.costs import CostModel
 _now = time.perf_counter
 
 
-def decode_prompt(tgt: lx.Context, batch: lx.Batch, d: MtpDrafter, prompt: Sequence[int], keep: int = 0) -> None:
-    """Decode prompt[keep:] into the target in n_batch chunks, logits on the last row; the drafter
+def _decode_prompt(tgt: lx.Context, batch: lx.Batch, d: MtpDrafter, prompt: Sequence[int]) -> None:
+    """Decode the prompt into the target in n_batch chunks, logits on the last row; the drafter
     follows each chunk (on_prefill), as the loop's own fills do."""
     toks = np.asarray(prompt, dtype=np.int32)
     n_b = lx.n_batch(tgt)
-    for p0 in range(keep, len(toks), n_b):
+    for p0 in range(0, len(toks), n_b):
         chunk = toks[p0 : p0 + n_b]
         batch.clear()
         batch.add_many(chunk, p0, logits_last=p0 + n_b >= len(toks))
@@ -67,7 +67,7 @@ class _Probe:
         lx.memory_seq_clear(self.tgt, self.seq)
         d.begin(prompt)
         lx.set_embeddings_nextn(self.tgt, True, False)
-        decode_prompt(self.tgt, self.b, d, prompt)
+        _decode_prompt(self.tgt, self.b, d, prompt)
         d.catch_up()  # the head's memory now holds the prompt
 
     def rewind(self) -> None:
