@@ -1,7 +1,8 @@
 """`serve_bench.py --slots C,...`: at each client count C, `mtp-cli serve -np 1` against `-np C` (and
 llama.cpp's llama-server likewise, with --llama-server), the same prompts, context and threads:
-aggregate tok/s, time to first token, and each slot's acceptance by draft position beside the same
-prompts' figures served one at a time. Run through serve_bench.py (its request checking)."""
+aggregate tok/s, time to first token, tok/s over the same server's plain decoding pair by pair
+(x none), and each slot's acceptance by draft position beside the same prompts' figures served one
+at a time. Run through serve_bench.py (its request checking)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def by_slot(outcomes: list[Any], alone: Optional[list[Any]] = None) -> dict[int,
     prompts served one at a time) the same prompts' single-stream figures and the largest gap."""
     slots: dict[int, list[Any]] = {}
     for o in outcomes:
-        if o.ok and o.slot is not None and o.drafted_by_pos:
+        if o.ok and o.slot is not None and any(o.drafted_by_pos):
             slots.setdefault(o.slot, []).append(o)
     out: dict[int, dict[str, Any]] = {}
     for s, outs in sorted(slots.items()):
@@ -72,15 +73,19 @@ def sweep(
                     f"{got[0].overall_tps:.1f} tok/s",
                     flush=True,
                 )
-        rows += [_row(c, k, v, runs.get((k[0], k[1], 1))) for k, v in runs.items()]
+        rows += [_row(c, k, v, runs.get((k[0], k[1], 1)), runs.get((k[0], "none", k[2]))) for k, v in runs.items()]
     _print(rows)
     if args.json:
         doc = {"model": model, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
         args.json.write_text(json.dumps(doc, indent=2))
 
 
-def _row(c: int, key: tuple[str, str, int], got: list[tuple[Any, list[Any]]], alone: Optional[list]) -> dict[str, Any]:
-    """One server's row: the medians of its repeats, its slots' acceptance over every repeat."""
+def _row(
+    c: int, key: tuple[str, str, int], got: list[tuple[Any, list[Any]]], alone: Optional[list], plain: Optional[list]
+) -> dict[str, Any]:
+    """One server's row: the medians of its repeats, its slots' acceptance over every repeat, and its
+    tok/s over `plain`'s (the same server and -np with setting none), pair by pair: repeats run in
+    turn, so a pair shares the machine's state of the moment (its spread is 10-20% between moments)."""
     kind, setting, n = key
     res = [r for r, _ in got]
     outs = [o for _, os in got for o in os]
@@ -91,13 +96,16 @@ def _row(c: int, key: tuple[str, str, int], got: list[tuple[Any, list[Any]]], al
         ok=sum(r.ok for r in res), requests=sum(r.requests for r in res), mismatches=sum(r.mismatches for r in res)
     )
     row["tps_each"] = [r.overall_tps for r in res]
+    pairs = [r.overall_tps / p.overall_tps for r, (p, _) in zip(res, plain or []) if p.overall_tps]
+    row["x_none_each"] = pairs
+    row["x_none"] = statistics.median(pairs) if pairs else None
     row["acceptance_by_slot"] = by_slot(outs, single)
     return row
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
     print(
-        "clients  server         -np  setting  ok/req  mismatch  all tok/s  x -np 1  ttft p50/p95 s  "
+        "clients  server         -np  setting  ok/req  mismatch  all tok/s  x -np 1  x none  ttft p50/p95 s  "
         "acceptance by slot (pos 1..3; alone: the same prompts one at a time)"
     )
     for r in rows:
@@ -117,8 +125,9 @@ def _print(rows: list[dict[str, Any]]) -> None:
             )
             for s, v in r["acceptance_by_slot"].items()
         )
+        x_none = f"{r['x_none']:6.2f}" if r.get("x_none") is not None else "     -"
         print(
             f"{r['clients']:7}  {r['server']:13} {r['np']:4}  {r['setting']:7} {r['ok']:3}/{r['requests']:<3} "
-            f"{r['mismatches']:8}  {r['overall_tps']:9.1f}  {ratio:7.2f}  "
+            f"{r['mismatches']:8}  {r['overall_tps']:9.1f}  {ratio:7.2f}  {x_none}  "
             f"{r['ttft_p50']:6.2f}/{r['ttft_p95']:6.2f}  {acc}"
         )
