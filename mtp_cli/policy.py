@@ -48,4 +48,16 @@ class DraftPolicy:
         pass
 
 
-__all__ = ["DraftPolicy"]
+class NoDrafts(DraftPolicy):
+    """N = 0 every step, the drafter asleep and a self-sized lookup held: a request's draft length
+    of 0 (llama-server's `speculative.n_max` clamped to 0 turns its drafting off). n_max: the
+    config's, so that the contexts stay the ones every other request runs on."""
+
+    sleep = True
+    hold = True
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        return 0
+
+
+__all__ = ["DraftPolicy", "NoDrafts"]

@@ -148,6 +148,12 @@ def test_draft_flags_per_token_and_a_draft_length_per_request(native):
         model="m", messages=msgs, max_tokens=12, temperature=0, extra_body={"speculative.n_max": 1}
     )
     assert one.model_extra["mtp"]["draft_n_max"] == 1 and one.model_extra["mtp"]["mode"] == "fixed"
+    for off in (0, -1):  # (llama-server clamps below 1 to 0: no drafts for this request)
+        r = native.client().chat.completions.create(
+            model="m", messages=msgs, max_tokens=12, temperature=0, extra_body={"speculative.n_max": off}
+        )
+        assert r.model_extra["mtp"]["draft_n_max"] == 0 and r.model_extra["mtp"]["drafted"] == 0
+        assert r.choices[0].message.content == one.choices[0].message.content  # (greedy: the same text)
 
 
 def test_metrics_parse_and_count_the_requests_sent(tiny):

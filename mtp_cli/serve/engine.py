@@ -28,6 +28,7 @@ from mtp_cli.chat import render, template_of
 from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.embeddings import Embedder
 from mtp_cli.errors import ChatTemplateError, ConfigError, MtpError
+from mtp_cli.policy import NoDrafts
 from mtp_cli.runtime import Runtime
 from mtp_cli.serve.events import (
     FINISH,
@@ -263,6 +264,8 @@ class Engine:
         tools = self._tool_plan(req)
         prompt = self._prompt(req, tools, session)
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
+        if req.spec_n_max is not None and req.spec_n_max <= 0:  # (drafts off: the contexts stay as they are)
+            res = replace(res, policy=NoDrafts(res.config.draft_n_max))
         shown = lx.spelled(self.rt.model, prompt.tokens) if getattr(req, "verbose", None) else None
         return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt), shown)
 

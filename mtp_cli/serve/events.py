@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from mtp_cli.config import GenConfig
+from mtp_cli.policy import NoDrafts
 from mtp_cli.serve.tools import Call
 from mtp_cli.speed.auto import Resolved
 from mtp_cli.stats import Generation, GenStats, TokenEvent
@@ -215,7 +216,7 @@ def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "spec_type": st.spec_type,
         "mode": res.mode,
-        "draft_n_max": st.n_max,
+        "draft_n_max": 0 if isinstance(res.policy, NoDrafts) else st.n_max,
         "verify_passes": st.n_verify,
         "drafted": st.n_drafted,
         "accepted": st.n_accepted,

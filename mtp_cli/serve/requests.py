@@ -86,7 +86,8 @@ class Sampling(Strict):
     timings_per_token: Optional[bool] = None  # (llama-server's: timings come with the last chunk)
     return_progress: Optional[bool] = None  # (llama-server's: prompt_progress chunks while the prompt is read)
     mtp_pieces: Optional[bool] = None  # (mtp-cli's: each streamed chunk lists its tokens, drafted or not)
-    spec_n_max: Optional[int] = Field(None, alias="speculative.n_max", ge=1, le=DRAFT_N_MAX_LIMIT)  # (llama-server's)
+    # (llama-server's: below 1 it is 0, no drafts for this request)
+    spec_n_max: Optional[int] = Field(None, alias="speculative.n_max", le=DRAFT_N_MAX_LIMIT)
     # llama-server's samplers, at their off values only
     typical_p: Optional[float] = None
     mirostat: Optional[int] = None
@@ -127,8 +128,9 @@ class Sampling(Strict):
         if self.logit_bias:  # (OpenAI's -100 bans a token: llama.cpp's -inf)
             pairs["logit_bias"] = tuple((int(k), -math.inf if v <= -100 else v) for k, v in self.logit_bias.items())
         pairs["grammar"] = self.grammar_text()
-        if self.spec_n_max is not None:  # (a fixed draft length for this request)
-            pairs["draft_n_max"], pairs["draft_mode"] = self.spec_n_max, "fixed"
+        if self.spec_n_max is not None:  # (a fixed draft length for this request: 0 is Engine.begin's)
+            pairs["draft_mode"] = "fixed"
+            pairs["draft_n_max"] = self.spec_n_max if self.spec_n_max > 0 else None
         pairs["logprobs"] = self.logprob_count()
         pairs["post_sampling_probs"] = self.post_sampling_probs
         return {k: v for k, v in pairs.items() if v is not None}
