@@ -13,7 +13,7 @@ then loads the model there and runs none, mtp at each N, auto (what `--draft aut
 that profile) and adaptive (no profile: one controller learning across the row's generations, as a
 `serve` or `-cnv` session keeps it) interleaved repeat by repeat (medians), and prints tokens/s and
 the ratio to plain decoding in the same row, and adaptive over auto pair by pair (each repeat's two
-runs back to back: the machine's drift falls on both). "in step" is the MTP drafter kept in step but never
+runs close in time: the machine's drift falls on both). "in step" is the MTP drafter kept in step but never
 asked to draft: the target computes its h rows every token, over RPC one more round trip (what an
 asleep drafter does not pay: its target computes none). Writes JSON.
 """
@@ -169,11 +169,11 @@ def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str
     out["adaptive"]["now"] = ctl.describe()
     out["adaptive"]["runs"] = [round(x / none, 3) for x in res["adaptive"].runs]  # (learning, repeat by repeat)
     out["adaptive"]["changes"] = ctl.changes
-    # (adaptive over tune's pick, repeat by repeat: each pair ran back to back, so shares the machine's
-    # state of the moment; identical configurations' medians differed by up to 14% within one row)
+    # (adaptive over tune's pick, repeat by repeat: each pair ran in the same repeat, close in time, so
+    # shares more of the machine's state; identical configurations' medians differed by up to 14% in a row)
     pairs = [a / b for a, b in zip(res["adaptive"].runs, res["auto"].runs) if b]
     out["adaptive"]["over_auto_pairs"] = [round(x, 3) for x in pairs]
-    out["adaptive"]["over_auto"] = statistics.median(pairs) if pairs else None
+    out["adaptive"]["over_auto"] = round(statistics.median(pairs), 3) if pairs else None
     return out
 
 
@@ -223,7 +223,7 @@ def main() -> None:
                     print(f"    tune chose {r['auto']['tuned']}; {r['adaptive']['now']}", flush=True)
                     ad = r["adaptive"]
                     print(f"    adaptive by repeat {ad['runs']} (x plain's median); best N changes {ad['changes']}")
-                    print(f"    adaptive / auto pair by pair {ad['over_auto_pairs']}: median {ad['over_auto']:.3f}")
+                    print(f"    adaptive / auto pair by pair {ad['over_auto_pairs']}: median {ad['over_auto']}")
     finally:
         for proc, _ in servers:
             proc.terminate()

@@ -73,18 +73,25 @@ def sweep(
                     f"{got[0].overall_tps:.1f} tok/s",
                     flush=True,
                 )
-        rows += [_row(c, k, v, runs.get((k[0], k[1], 1)), runs.get((k[0], "none", k[2]))) for k, v in runs.items()]
+        rows += [_row(c, k, v, runs.get((k[0], k[1], 1)), runs.get(_plain(k))) for k, v in runs.items()]
     _print(rows)
     if args.json:
         doc = {"model": model, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
         args.json.write_text(json.dumps(doc, indent=2))
 
 
+def _plain(key: tuple[str, str, int]) -> tuple[str, str, int]:
+    """The plain-decoding run a setting is paired with: the same server, -np and attention suffix."""
+    kind, setting, n = key
+    attn = setting.partition("+")[2]
+    return kind, "none+" + attn if attn else "none", n
+
+
 def _row(
     c: int, key: tuple[str, str, int], got: list[tuple[Any, list[Any]]], alone: Optional[list], plain: Optional[list]
 ) -> dict[str, Any]:
     """One server's row: the medians of its repeats, its slots' acceptance over every repeat, and its
-    tok/s over `plain`'s (the same server and -np with setting none), pair by pair: repeats run in
+    tok/s over `plain`'s (the same server, -np and attention with setting none), pair by pair: repeats run in
     turn, so a pair shares the machine's state of the moment (its spread is 10-20% between moments)."""
     kind, setting, n = key
     res = [r for r, _ in got]

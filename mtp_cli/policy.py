@@ -55,6 +55,7 @@ class NoDrafts(DraftPolicy):
 
     sleep = True
     hold = True
+    quiet = 1 << 30  # (it never wakes the drafter: the target computes no h rows for it)
 
     def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
         return 0

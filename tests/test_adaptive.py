@@ -457,3 +457,22 @@ def test_a_lookups_steps_beside_the_head_are_not_the_heads_to_measure(monkeypatc
         assert ctl.best == 0 and on < 0.05, (on, ctl.steps_at)
     else:
         assert on > 0.1, (on, ctl.steps_at)  # (what the test guards against: a head on, losing)
+
+
+def test_no_drafts_keeps_the_drafter_asleep_without_h_rows(models, monkeypatch):
+    """A request's draft length 0 (policy.NoDrafts): plain decoding's tokens, nothing drafted, and
+    after the first step the target computes no h rows for a drafter that never wakes."""
+    from mtp_cli.policy import NoDrafts
+
+    on: list[bool] = []
+    set_h = lx.set_embeddings_nextn
+    with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
+        prompt = rt.tokenize("hello world")
+        cfg = greedy(spec_type="mtp", draft_n_max=3, n_predict=24)
+        ref = tokens(rt, prompt, greedy(n_predict=24))
+        list(rt.generate(prompt, cfg))  # (the contexts and the drafter exist)
+        tgt = rt._ctx.target  # type: ignore[union-attr]
+        monkeypatch.setattr(lx, "set_embeddings_nextn", lambda c, o, m: (c is tgt and on.append(o), set_h(c, o, m)))
+        gen = rt.generate(prompt, cfg, policy=NoDrafts(3))
+        assert [ev.token for ev in gen] == ref and gen.stats.n_drafted == 0
+    assert on and not any(on[1:])  # (the prompt's pass may still carry them; no step after)

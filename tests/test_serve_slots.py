@@ -240,3 +240,40 @@ def test_a_request_that_fixes_its_draft_length_keeps_it_beside_others(tiny, alon
         s.close()
         engine.close()
     assert got == {p: alone[p] for p in PROMPTS[:2]}
+
+
+def test_a_request_with_draft_length_0_drafts_nothing_on_the_servers_contexts(tiny):
+    """llama-server's `speculative.n_max` 0 turns a request's drafting off: under the server's auto,
+    beside another request, it drafts nothing, runs on the same contexts (the key holds the draft
+    length: a rebuild while the other generates would be refused) and gives plain decoding's text."""
+    # (a small n_batch: the context key then holds the draft length, max(n_batch, n_seq (N + 1)))
+    base = GenConfig(spec_type="mtp", draft_mode="auto", n_ctx=N_CTX // 2, n_threads=1, n_batch=8)
+    engine = Engine.load(tiny["full"], base, load=LoadConfig(spec_type="mtp", n_parallel=2))
+    plain = Engine.load(tiny["full"], GenConfig(spec_type="none", n_ctx=N_CTX // 2, n_threads=1))
+    s, p = Served(engine.start()), Served(plain.start())
+    ctx = engine.rt._ctx
+    got: dict[object, tuple] = {}
+
+    def client(n_max: object) -> None:
+        msgs = [{"role": "user", "content": PROMPTS[1]}]
+        extra = {"speculative.n_max": n_max} if n_max is not None else {}
+        r = s.client().chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=24, extra_body=extra)
+        got[n_max] = (r.choices[0].message.content, r.model_extra["mtp"])
+
+    try:
+        threads = [threading.Thread(target=client, args=(n,)) for n in (0, None)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        want = p.client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PROMPTS[1]}], temperature=0, max_tokens=24
+        )
+        same = engine.rt._ctx is ctx
+    finally:
+        s.close(), p.close()
+        engine.close(), plain.close()
+    text, mtp = got[0]
+    assert mtp["draft_n_max"] == 0 and mtp["drafted"] == 0 and mtp["mode"] == "fixed"
+    assert got[None][1]["mode"] == "adaptive" and text == want.choices[0].message.content
+    assert same  # (never rebuilt)

@@ -264,8 +264,8 @@ class Engine:
         tools = self._tool_plan(req)
         prompt = self._prompt(req, tools, session)
         res = (auto or self.auto).resolve(self._config(req, tools, len(prompt.tokens)))
-        if req.spec_n_max is not None and req.spec_n_max <= 0:  # (drafts off: the contexts stay as they are)
-            res = replace(res, policy=NoDrafts(res.config.draft_n_max))
+        if req.spec_n_max is not None and req.spec_n_max <= 0:  # (drafts off, at the N that keeps the contexts)
+            res = replace(res, policy=NoDrafts(res.config.draft_n_max), mode="fixed")
         shown = lx.spelled(self.rt.model, prompt.tokens) if getattr(req, "verbose", None) else None
         return Begun(job, req, tools, prompt, res, self.opens_thinking(prompt), shown)
 
@@ -285,7 +285,7 @@ class Engine:
             st.acceptance,
             "stop string" if cut else "tool calls" if calls else str(st.stop_reason),
             res.mode,
-            st.n_max,
+            0 if isinstance(res.policy, NoDrafts) else st.n_max,
         )
         self.recent.append(rec)
         self.metrics.add(st, batched=self.rt.config.n_parallel > 1)

@@ -128,9 +128,8 @@ class Sampling(Strict):
         if self.logit_bias:  # (OpenAI's -100 bans a token: llama.cpp's -inf)
             pairs["logit_bias"] = tuple((int(k), -math.inf if v <= -100 else v) for k, v in self.logit_bias.items())
         pairs["grammar"] = self.grammar_text()
-        if self.spec_n_max is not None:  # (a fixed draft length for this request: 0 is Engine.begin's)
-            pairs["draft_mode"] = "fixed"
-            pairs["draft_n_max"] = self.spec_n_max if self.spec_n_max > 0 else None
+        if self.spec_n_max is not None and self.spec_n_max > 0:  # (a fixed draft length; 0 is Engine.begin's)
+            pairs["draft_n_max"], pairs["draft_mode"] = self.spec_n_max, "fixed"
         pairs["logprobs"] = self.logprob_count()
         pairs["post_sampling_probs"] = self.post_sampling_probs
         return {k: v for k, v in pairs.items() if v is not None}
