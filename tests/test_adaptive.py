@@ -284,21 +284,32 @@ class _Nap(DraftPolicy):
         return 0 if self.sleep else self.n_max
 
 
+def _warm(rt: Runtime, n_max: int, n_predict: int):
+    """A prompt, an mtp config at n_max, plain decoding's tokens for it; the contexts and the drafter
+    made by a first generation."""
+    prompt = rt.tokenize("hello world")
+    cfg = greedy(spec_type="mtp", draft_n_max=n_max, n_predict=n_predict)
+    ref = tokens(rt, prompt, greedy(n_predict=n_predict))
+    list(rt.generate(prompt, cfg))
+    return prompt, cfg, ref
+
+
+def _spy_h_rows(rt: Runtime, monkeypatch, seen) -> object:
+    """seen(on) each time the target context's h rows are switched; the target context."""
+    tgt, set_h = rt._ctx.target, lx.set_embeddings_nextn  # type: ignore[union-attr]
+    monkeypatch.setattr(lx, "set_embeddings_nextn", lambda c, on, m: (c is tgt and seen(on), set_h(c, on, m)))
+    return tgt
+
+
 def test_an_asleep_drafters_target_computes_no_h_rows(models, monkeypatch):
     """Over RPC fetching the target's h rows is a round trip per decode: while the drafter sleeps the
     target computes none, except in the step before the policy may wake it (whose h row the woken
     head starts from); a generation left asleep resumes cold. Plain decoding's tokens throughout."""
     seen: list[object] = []
-    set_h, decode, restart = lx.set_embeddings_nextn, lx.decode, MtpDrafter.restart
+    decode, restart = lx.decode, MtpDrafter.restart
     with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
-        prompt = rt.tokenize("hello world")
-        cfg = greedy(spec_type="mtp", draft_n_max=2, n_predict=40)
-        ref = tokens(rt, prompt, greedy(n_predict=40))
-        list(rt.generate(prompt, cfg))  # (the contexts and the drafter exist)
-        tgt = rt._ctx.target  # type: ignore[union-attr]
-        monkeypatch.setattr(
-            lx, "set_embeddings_nextn", lambda c, on, m: (c is tgt and seen.append(f"h {on}"), set_h(c, on, m))
-        )
+        prompt, cfg, ref = _warm(rt, 2, 40)
+        tgt = _spy_h_rows(rt, monkeypatch, lambda on: seen.append(f"h {on}"))
         monkeypatch.setattr(lx, "decode", lambda c, b: (c is tgt and seen.append(b.n_tokens), decode(c, b)))
         monkeypatch.setattr(
             MtpDrafter, "restart", lambda d, pos, h=True, row=0: (seen.append(("restart", h)), restart(d, pos, h, row))
@@ -465,14 +476,9 @@ def test_no_drafts_keeps_the_drafter_asleep_without_h_rows(models, monkeypatch):
     from mtp_cli.policy import NoDrafts
 
     on: list[bool] = []
-    set_h = lx.set_embeddings_nextn
     with Runtime.load(models(head_noise=1.0)["full"], spec_type="mtp") as rt:
-        prompt = rt.tokenize("hello world")
-        cfg = greedy(spec_type="mtp", draft_n_max=3, n_predict=24)
-        ref = tokens(rt, prompt, greedy(n_predict=24))
-        list(rt.generate(prompt, cfg))  # (the contexts and the drafter exist)
-        tgt = rt._ctx.target  # type: ignore[union-attr]
-        monkeypatch.setattr(lx, "set_embeddings_nextn", lambda c, o, m: (c is tgt and on.append(o), set_h(c, o, m)))
+        prompt, cfg, ref = _warm(rt, 3, 24)
+        _spy_h_rows(rt, monkeypatch, on.append)
         gen = rt.generate(prompt, cfg, policy=NoDrafts(3))
         assert [ev.token for ev in gen] == ref and gen.stats.n_drafted == 0
     assert on and not any(on[1:])  # (the prompt's pass may still carry them; no step after)

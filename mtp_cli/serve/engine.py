@@ -38,6 +38,7 @@ from mtp_cli.serve.events import (
     Started,
     Streamed,
     TokenProb,
+    draft_n_max,
     figures,
     reporter,
     stream,
@@ -285,7 +286,7 @@ class Engine:
             st.acceptance,
             "stop string" if cut else "tool calls" if calls else str(st.stop_reason),
             res.mode,
-            0 if isinstance(res.policy, NoDrafts) else st.n_max,
+            draft_n_max(st, res),
         )
         self.recent.append(rec)
         self.metrics.add(st, batched=self.rt.config.n_parallel > 1)

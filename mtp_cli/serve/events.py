@@ -211,12 +211,18 @@ def stream(
     return ts.close()
 
 
+def draft_n_max(st: GenStats, res: Resolved) -> int:
+    """The draft length a request ran at, as reported: 0 where it turned drafting off (NoDrafts keeps
+    the server's N only so that the contexts stay as they are)."""
+    return 0 if isinstance(res.policy, NoDrafts) else st.n_max
+
+
 def figures(st: GenStats, res: Resolved, cfg: GenConfig) -> dict[str, Any]:
     """The response's `mtp` object: what drafting did for this request."""
     doc: dict[str, Any] = {
         "spec_type": st.spec_type,
         "mode": res.mode,
-        "draft_n_max": 0 if isinstance(res.policy, NoDrafts) else st.n_max,
+        "draft_n_max": draft_n_max(st, res),
         "verify_passes": st.n_verify,
         "drafted": st.n_drafted,
         "accepted": st.n_accepted,
@@ -271,5 +277,6 @@ __all__ = [
     "Piece",
     "stream",
     "figures",
+    "draft_n_max",
     "timings",
 ]
