@@ -2,7 +2,7 @@
 llama.cpp's flash attention on against off, the same context settings otherwise.
 
     python benchmarks/attention_bench.py [-m MODEL] [-t 2] [--depths 64,256,1024] [--rows 1,2,4,8,16,32]
-                                         [--rounds 4] [--exactness 12] [--json out.json]
+                                         [--seqs 1] [--rounds 4] [--exactness 12] [--json out.json]
 
 Why it exists: llama.cpp's `-fa auto` turns flash attention on wherever the device has the op, and
 on a CPU its kernel reads the KV cache one query row at a time below 64 rows (ggml-cpu ops.cpp: the
@@ -13,6 +13,10 @@ contexts (on, off); then for each row count a decode of that many rows at the pr
 blocks (the first of a block, a new graph shape, not timed), rounds interleaved, medians. Printed:
 ms per decode with each setting, on / off, and v(rows - 1) (the decode against a one-row decode with
 the same setting: what a verify pass costs in plain steps). Without -m: the demo model.
+
+--seqs S: serve's step with S slots: the contexts hold S sequences (llama.cpp's KV split per
+sequence, as `serve -np S` creates them), each filled to the depth, and a decode holds `rows` rows
+of every sequence (S x rows in all).
 
 --exactness K (a model with an MTP head): what each setting does to greedy exactness. K held-out
 prompts, short (the chat template around each) and long (the same after ~500 tokens of other
@@ -45,42 +49,51 @@ TEXT = "The quick brown fox jumps over the lazy dog, said the teacher to the cla
 BLOCK = 5  # decodes of one shape in a row (the first not timed)
 
 
-def timed(ctx: lx.Context, batch: lx.Batch, toks: list[int], depth: int, rows: int) -> list[float]:
-    """Seconds of BLOCK - 1 decodes of `rows` rows at `depth` (each rolled back)."""
+def timed(ctx: lx.Context, batch: lx.Batch, toks: list[int], depth: int, rows: int, seqs: int) -> list[float]:
+    """Seconds of BLOCK - 1 decodes of `rows` rows of each of `seqs` sequences at `depth` (each rolled back)."""
     out = []
     for i in range(BLOCK):
         batch.clear()
-        for j in range(rows):
-            batch.add(toks[depth + j], depth + j, logits=True)
+        for s in range(seqs):
+            for j in range(rows):
+                batch.add(toks[depth + j], depth + j, seq_id=s, logits=True)
         t = time.perf_counter()
         lx.decode(ctx, batch)
         if i:
             out.append(time.perf_counter() - t)
-        lx.memory_seq_rm(ctx, 0, depth, -1)
+        for s in range(seqs):
+            lx.memory_seq_rm(ctx, s, depth, -1)
     return out
 
 
 def at_depth(rt: Runtime, toks: list[int], depth: int, rows: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """Both settings at one depth: medians in ms by rows."""
-    n_ctx = depth + max(rows) + 16
+    n_ctx = (depth + max(rows) + 16) * args.seqs
+    n_batch = max(512, max(rows) * args.seqs)
     ctxs = {
         on: lx.create_context(
-            rt.model, n_ctx=n_ctx, n_batch=512, n_threads=args.threads, kv=lx.KvOptions(flash_attn=on)
+            rt.model,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=args.threads,
+            n_seq_max=args.seqs,
+            kv=lx.KvOptions(flash_attn=on),
         )
         for on in (True, False)
     }
     try:
-        batch = lx.Batch(512)
+        batch = lx.Batch(n_batch)
         for ctx in ctxs.values():
-            for p0 in range(0, depth, 512):
-                batch.clear()
-                batch.add_many(toks[p0 : min(depth, p0 + 512)], p0, logits_last=True)
-                lx.decode(ctx, batch)
+            for s in range(args.seqs):
+                for p0 in range(0, depth, 512):
+                    batch.clear()
+                    batch.add_many(toks[p0 : min(depth, p0 + 512)], p0, seq_id=s, logits_last=True)
+                    lx.decode(ctx, batch)
         times: dict[tuple[bool, int], list[float]] = {}
         for r in range(args.rounds):
             for on in (True, False) if r % 2 == 0 else (False, True):
                 for n in rows:
-                    times.setdefault((on, n), []).extend(timed(ctxs[on], batch, toks, depth, n))
+                    times.setdefault((on, n), []).extend(timed(ctxs[on], batch, toks, depth, n, args.seqs))
         ms = {f"{'on' if on else 'off'}:{n}": statistics.median(ts) * 1000 for (on, n), ts in times.items()}
         return {"depth": depth, "ms": ms}
     finally:
@@ -131,6 +144,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--depths", default="64,256,1024")
     ap.add_argument("--rows", default="1,2,4,8,16,32")
+    ap.add_argument("--seqs", type=int, default=1, help="sequences (slots), each with `rows` rows per decode")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--exactness", type=int, default=0, help="K prompts: texts unlike plain decoding's")
     ap.add_argument("--json", type=Path, default=None)
@@ -143,7 +157,7 @@ def main() -> None:
 
         args.model = demo_model()
     cpu = next((d.description for d in lx.devices() if d.name == "CPU"), "CPU")
-    print(f"model {args.model}, {args.threads} threads, {cpu}")
+    print(f"model {args.model}, {args.threads} threads, {args.seqs} sequence(s), {cpu}")
     with Runtime.load(args.model, spec_type="mtp" if args.exactness else "none") as rt:
         toks = rt.tokenize(TEXT * (1 + (max(depths) + max(rows)) // 16))
         results = [at_depth(rt, toks, d, rows, args) for d in depths]

@@ -14,13 +14,15 @@ For each setting a server is started (`mtp-cli serve`, its own process), and `--
 each send `--requests` streaming chat requests (greedy, prompts taken in turn from the built-in
 evaluation prompts) over raw HTTP, all at once. Every stream is checked: each line `data: {json}`,
 one finish_reason, `[DONE]` last, usage on the last chunk, and the text equal to plain greedy
-decoding's for its prompt (computed first through the library, as `generate --chat` does). Reported
+decoding's for its prompt (computed first through the library, as `generate --chat` does, with the
+flash attention the server runs: the two kernels part at near-ties, ARCHITECTURE §3). Reported
 per setting: errors, truncated or garbled streams, mismatches; time to first token, request latency
 (p50 / p95, queueing included: one model serves one request at a time), tokens/s per request (after
 its first token) and overall (all tokens / wall time), acceptance; and overall tok/s as a ratio to
 `none` measured in the same run. Without -m: the demo model. A setting may end in `+fa` or `+nofa`
 (flash attention on / off; `--llama-settings none,none+nofa` runs llama-server both ways): by default
-llama-server turns it on and mtp-cli, on a CPU, off.
+llama-server turns it on and mtp-cli, on a CPU, off for -np 1 and as the CPU measures for more
+(mtp_cli.attention_probe).
 """
 
 from __future__ import annotations
@@ -88,19 +90,34 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def references(model: str, prompts: list[str], max_tokens: int, n_threads: int) -> list[str]:
-    """Plain greedy decoding's text for each prompt, through the chat template (generate --chat)."""
+def references(model: str, prompts: list[str], max_tokens: int, n_threads: int) -> dict[bool, list[str]]:
+    """Plain greedy decoding's text for each prompt, through the chat template (generate --chat),
+    with flash attention on (True) and off: a server's texts are compared with its own setting's."""
     from mtp_cli.chat import chat_prompt
     from mtp_cli.config import GenConfig
     from mtp_cli.runtime import Runtime
 
-    cfg = GenConfig(n_predict=max_tokens, temp=0.0, n_threads=n_threads, n_ctx=4096)
-    out = []
+    out: dict[bool, list[str]] = {True: [], False: []}
     with Runtime.load(model) as rt:
-        for p in prompts:
-            text = chat_prompt(rt.file, p, *rt.special_texts())
-            out.append("".join(ev.text for ev in rt.generate(rt.tokenize(text, parse_special=True), cfg)))
+        for on, texts in out.items():
+            cfg = GenConfig(n_predict=max_tokens, temp=0.0, n_threads=n_threads, n_ctx=4096, flash_attn=on)
+            for p in prompts:
+                text = chat_prompt(rt.file, p, *rt.special_texts())
+                texts.append("".join(ev.text for ev in rt.generate(rt.tokenize(text, parse_special=True), cfg)))
     return out
+
+
+def attention_of(model: str, setting: str, n_threads: int, n_parallel: int, llama: bool) -> bool:
+    """Whether a server runs with flash attention: +fa / +nofa; llama-server's auto turns it on;
+    mtp-cli's is off for one slot and this CPU's measured verdict for several (attention_probe)."""
+    attn = setting.partition("+")[2]
+    if attn or llama or n_parallel == 1:
+        return attn == "fa" or (llama and not attn)
+    from gguf_tools.gguf_file import open_gguf
+    from mtp_cli.attention_probe import AttentionShape, choose
+
+    shape = AttentionShape.of(open_gguf(model))
+    return shape is not None and choose(shape, n_parallel, n_threads).on
 
 
 def free_port() -> int:
@@ -231,11 +248,12 @@ def run_setting(
     model: str,
     setting: str,
     prompts: list[str],
-    refs: list[str],
+    all_refs: dict[bool, list[str]],
     args: argparse.Namespace,
     n_parallel: int = 1,
     llama: Optional[Path] = None,
 ) -> tuple[SettingResult, list[Outcome]]:
+    refs = all_refs[attention_of(model, setting, args.threads, n_parallel, llama is not None)]
     port = free_port()
     proc = start_server(model, setting, port, args.threads, n_parallel, llama)
     outcomes: list[Outcome] = []

@@ -47,7 +47,11 @@ def by_slot(outcomes: list[Any], alone: Optional[list[Any]] = None) -> dict[int,
 
 
 def sweep(
-    model: str, prompts: list[str], refs: list[str], args: argparse.Namespace, run_setting: Callable[..., Any]
+    model: str,
+    prompts: list[str],
+    refs: dict[bool, list[str]],
+    args: argparse.Namespace,
+    run_setting: Callable[..., Any],
 ) -> None:
     """--slots: at each client count C, -np 1 and -np C (ours, and llama-server's with --llama-server),
     each run `--repeats` times in turn; a row per server: medians over the repeats."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from mtp_cli import llama_ext as lx
+from mtp_cli.attention_probe import AttentionShape, choose
 from mtp_cli.config import GenConfig, LoadConfig
 from mtp_cli.drafters import Chain, ContextPlan, Drafter, Models
 from mtp_cli.memory import Held
@@ -28,16 +29,22 @@ def fa_auto_off(cfg: LoadConfig, arch: str) -> bool:
     return not (offloads and lx.supports_gpu_offload()) and arch not in NEEDS_FLASH_ATTN
 
 
-def flash_attn_for(cfg: GenConfig, auto_off: bool) -> Optional[bool]:
-    """The flash attention a context is created with: the config's when given; off where `auto_off`
-    (fa_auto_off) and the KV cells are not quantized; else llama.cpp's auto. Why: llama.cpp's auto
-    turns it on wherever the device has the op, and its CPU kernel reads the cache one query row at
-    a time (below 64 rows): a plain decode 1.7x slower at 256 positions and 2.2x at 1024, an 8-row
-    verify batch 2.0x and 4.2x (benchmarks/attention_bench.py, the demo model, 2 threads;
-    ARCHITECTURE §6)."""
+def flash_attn_for(
+    cfg: GenConfig, auto_off: bool, n_seq: int = 1, shape: Optional[AttentionShape] = None
+) -> Optional[bool]:
+    """The flash attention a context of `n_seq` sequences is created with: the config's when given;
+    where `auto_off` (fa_auto_off) and the KV cells are not quantized, off for one sequence and
+    measured on this CPU for several (attention_probe, with the model's `shape`; off without one);
+    else llama.cpp's auto. Why: llama.cpp's auto turns it on wherever the device has the op, and its
+    CPU kernel reads the cache one query row at a time (below 64 rows): a plain decode 1.7x slower
+    at 256 positions and 2.2x at 1024, an 8-row verify batch 2.0x and 4.2x on a Xeon with AMX
+    (benchmarks/attention_bench.py, the demo model, 2 threads; ARCHITECTURE §6)."""
     if cfg.flash_attn is not None:
         return cfg.flash_attn
     if auto_off and cfg.cache_type_k in UNQUANTIZED and cfg.cache_type_v in UNQUANTIZED:
+        if n_seq > 1 and shape is not None:
+            cells = replace(shape, cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
+            return choose(cells, n_seq, cfg.n_threads).on
         return False
     return None
 
@@ -56,7 +63,14 @@ class ContextSettings:
 
     @classmethod
     def of(
-        cls, cfg: GenConfig, n_ctx_train: int, recurrent: bool, drafting: bool, n_seq: int = 1, fa_off: bool = False
+        cls,
+        cfg: GenConfig,
+        n_ctx_train: int,
+        recurrent: bool,
+        drafting: bool,
+        n_seq: int = 1,
+        fa_off: bool = False,
+        shape: Optional[AttentionShape] = None,
     ) -> ContextSettings:
         n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
         n_ubatch = cfg.n_ubatch
@@ -64,7 +78,7 @@ class ContextSettings:
             # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
             log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
             n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, fa_off))
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, fa_off, n_seq, shape))
         n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2, n_seq * (cfg.draft_n_max + 1))  # (every slot's step fits)
         return cls(n_ctx, n_batch, cfg.n_threads, n_rs, kv, n_seq)

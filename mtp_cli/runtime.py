@@ -28,7 +28,7 @@ from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
 from mtp_cli.chat import Source, Templated, checked_template
 from mtp_cli.config import GenConfig, LoadConfig, Placement
-from mtp_cli.contexts import Contexts, ContextSettings, fa_auto_off
+from mtp_cli.contexts import AttentionShape, Contexts, ContextSettings, fa_auto_off
 from mtp_cli.drafters import Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
@@ -91,6 +91,7 @@ class Runtime:
             raise
         self.n_vocab, self.n_ctx_train = lx.n_vocab(target), lx.model_n_ctx_train(target)
         self.fa_auto_off = fa_auto_off(config, self.file.arch)  # (-fa auto: off on a CPU; contexts.flash_attn_for)
+        self.attn = AttentionShape.of(self.file)  # (its shape: -fa auto for several sequences on a CPU is measured)
         self.recurrent = lx.model_has_recurrent_state(target)
         self._pieces = lx.PieceDecoder(target)
 
@@ -233,7 +234,7 @@ class Runtime:
         n_seq = self.config.n_parallel
         if not 0 <= seq < n_seq:
             raise ConfigError(f"sequence {seq} is not one of this runtime's {n_seq} (`n_parallel`)")
-        key = ContextSettings.of(cfg, self.n_ctx_train, self.recurrent, cls.drafts, n_seq, self.fa_auto_off)
+        key = ContextSettings.of(cfg, self.n_ctx_train, self.recurrent, cls.drafts, n_seq, self.fa_auto_off, self.attn)
         if self._ctx is not None and self._ctx.key != key:
             if self._live:
                 raise ConfigError(f"the context settings cannot change while sequence {min(self._live)} generates")

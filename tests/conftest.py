@@ -34,6 +34,17 @@ def prior_costs(request, monkeypatch):
         monkeypatch.setattr(StepCosts, "observe", lambda self, k, seconds: None)
 
 
+@pytest.fixture(autouse=True)
+def attention_off(request, monkeypatch):
+    """Flash attention stays off for several sequences as for one: what this machine's probe would
+    choose must not change which kernels a test compares (tests marked measured_attention measure)."""
+    from mtp_cli import attention_probe
+
+    monkeypatch.setattr(attention_probe, "_verdicts", {})
+    if request.node.get_closest_marker("measured_attention") is None:
+        monkeypatch.setattr(attention_probe, "measure", lambda shape, n_seq, n_threads: (1.0, 1.0))
+
+
 @pytest.fixture
 def config_dir(isolated_dirs) -> Path:
     """Where profiles are stored in this test."""

@@ -435,7 +435,7 @@ def test_doctor_runs_the_check_and_shows_the_verdict(fresh_check):
         "verdict: models load with",
         "CPU features: ",
         "devices: ",
-        "flash attention: -fa auto is off here (attention runs on the CPU",  # (the tests' build offloads nothing)
+        "flash attention: -fa auto is off here for one sequence",  # (the tests' build offloads nothing)
     ):
         assert line in r.output, r.output
 

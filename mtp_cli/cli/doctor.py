@@ -17,13 +17,14 @@ _FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "am
 )
 def doctor(rpc: str | None) -> None:
     """Run the CPU self-check now and show the llama.cpp build, the CPU and the devices."""
-    from mtp_cli import cpu_check
+    from mtp_cli import attention_probe, cpu_check
     from mtp_cli import llama_ext as lx
     from mtp_cli.config import parse_endpoints
 
     lx.quiet_logs()
     lx.add_rpc_servers(parse_endpoints(rpc, "rpc"))
     verdict = cpu_check.recheck()
+    attention_probe.forget()  # (measured again for the next context of several sequences)
     flags = set(cpu_check.cpu_features().split())
     for line in cpu_check.summary_lines():
         out.print(line, highlight=False)
@@ -40,7 +41,8 @@ def doctor(rpc: str | None) -> None:
     fa = (
         "llama.cpp's choice where layers go to a device (off with -ngl 0 or -dev none)"
         if lx.supports_gpu_offload()
-        else "off here (attention runs on the CPU, where llama.cpp's kernel is slower past ~64 positions)"
+        else "off here for one sequence (attention runs on the CPU, where llama.cpp's kernel is slower past ~64 "
+        "positions), measured per model shape for several (serve -np N: the verdicts kept are forgotten now)"
     )
     out.print(f"flash attention: -fa auto is {fa}; -fa on turns it on", highlight=False)
     click.echo(f"llama.cpp system: {lx.system_info()}")
