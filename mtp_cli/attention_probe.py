@@ -9,7 +9,8 @@ gained 10-31% aggregate); nobody measured the Xeon. So for several sequences thi
 model with the target's attention shape and a 64-wide residual (gguf_tools.probe_model) is decoded
 one row per sequence at a few depths, both ways, rounds interleaved; flash attention goes on when
 that is at least ON_MARGIN cheaper. The verdict is kept in the user cache per llama.cpp build, CPU,
-shape, sequences and threads (`mtp-cli doctor` forgets it).
+shape, sequences and threads (`mtp-cli doctor` forgets it). A shape the probe cannot stand for, or
+a probe that cannot run (its KV cells past KV_BUDGET even for one layer, a load that fails), says off.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ import logging
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.probe_model import N_VOCAB, write_attention_probe
 from mtp_cli import llama_ext as lx
 from mtp_cli.cpu_check import check_key
+from mtp_cli.errors import MtpError
 from mtp_cli.user_cache import cache_dir
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 ON_MARGIN = 0.97  # flash attention on only when the probe's decodes cost at most this much of off's
 DEPTHS = (64, 256, 1024)  # positions per sequence the decodes are timed at (chat turns to long ones)
 MAX_LAYERS = 8  # the sign of the difference is per layer; more layers only lengthen the probe
+KV_BUDGET = 512 << 20  # bytes of KV cells a probe context may hold (fewer layers past it; none: off)
+MAX_HEADS, MAX_HEAD_DIM = 1024, 1024  # past these a shape is not probed (llama.cpp's own go to 576 / 512)
 ROUNDS, BLOCK = 4, 4  # rounds of both settings, interleaved; decodes per block (the first not timed)
 
 
@@ -53,28 +58,39 @@ class AttentionShape:
     @classmethod
     def of(cls, gf: GGUFFile) -> Optional[AttentionShape]:
         """The file's attention, or None where a llama block does not stand for it (MLA, sliding
-        windows, per-layer head counts that differ)."""
+        windows, head counts that differ by layer, key and value heads of different sizes, sizes
+        past MAX_HEADS / MAX_HEAD_DIM) or the header says something odd."""
         if any(gf.arch_get(k) is not None for k in ("attention.kv_lora_rank", "attention.sliding_window")):
             return None
         n_layer, n_embd = gf.arch_get("block_count"), gf.arch_get("embedding_length")
         raw_kv = gf.arch_get("attention.head_count_kv")
         n_head, n_head_kv = _one(gf.arch_get("attention.head_count")), _one(raw_kv)
-        if not (isinstance(n_layer, int) and isinstance(n_embd, int) and n_head) or (
-            raw_kv is not None and not n_head_kv
-        ):
+        if not (_int(n_layer) and _int(n_embd) and n_head) or (raw_kv is not None and not n_head_kv):
             return None
         n_head_kv = n_head_kv or n_head
         d_k = gf.arch_get("attention.key_length", n_embd // n_head)
         d_v = gf.arch_get("attention.value_length", d_k)
-        return cls(min(int(n_layer), MAX_LAYERS), n_head, n_head_kv, int(d_k), int(d_v))
+        fits = n_head_kv <= n_head <= MAX_HEADS and n_head % n_head_kv == 0
+        # (a llama block needs equal head sizes, and rope an even one)
+        if not (fits and _int(d_k) and d_k == d_v and d_k % 2 == 0 and d_k <= MAX_HEAD_DIM):
+            return None
+        return cls(min(n_layer, MAX_LAYERS), n_head, n_head_kv, d_k, d_v)
+
+
+def _int(v: Any) -> bool:
+    """A positive int (a header's counts and sizes; not a bool)."""
+    return type(v) is int and v > 0
 
 
 def _one(v: Any) -> Optional[int]:
     """A per-layer value that is the same for every layer (0s: layers without attention), else None."""
-    if isinstance(v, int) or v is None:
+    if v is None or _int(v):
         return v
-    seen = {int(x) for x in v} - {0}
-    return seen.pop() if len(seen) == 1 else None
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        return None
+    seen = set(v) - {0}
+    one = seen.pop() if len(seen) == 1 else None
+    return one if _int(one) else None
 
 
 @dataclass(frozen=True)
@@ -90,7 +106,8 @@ class Verdict:
 
 
 def _key(shape: AttentionShape, n_seq: int, n_threads: int) -> str:
-    text = json.dumps([check_key(), asdict(shape), n_seq, n_threads])
+    # (the probe's own settings too: a verdict of another probe is measured again)
+    text = json.dumps([check_key(), asdict(shape), n_seq, n_threads, DEPTHS, ON_MARGIN, ROUNDS, BLOCK])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -103,22 +120,39 @@ _verdicts: dict[tuple[AttentionShape, int, int], Verdict] = {}  # this process's
 
 def choose(shape: AttentionShape, n_seq: int, n_threads: Optional[int]) -> Verdict:
     """Flash attention for a context of `n_seq` sequences of this shape: from this process, the
-    cache, or the probe (then cached)."""
+    cache, or the probe (then cached). A probe that cannot run says off (and is not cached)."""
     threads = n_threads or lx.default_threads()
     if (shape, n_seq, threads) in _verdicts:
         return _verdicts[shape, n_seq, threads]
     key = _key(shape, n_seq, threads)
-    try:
-        saved = json.loads(_cache_file(key).read_text())
-        v = Verdict(bool(saved["on"]), float(saved["on_ms"]), float(saved["off_ms"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        on_ms, off_ms = measure(shape, n_seq, threads)
-        v = Verdict(on_ms <= ON_MARGIN * off_ms, on_ms, off_ms, fresh=True)
-        _save(key, v)
+    v = _saved(key)
+    if v is None:
+        try:
+            on_ms, off_ms = measure(shape, n_seq, threads)
+        except (MtpError, BadFileError, OSError, MemoryError) as e:
+            log.warning("flash attention for %d sequences: off (the probe could not run: %s)", n_seq, e)
+            on_ms = off_ms = 0.0
+        v = Verdict(0.0 < on_ms <= ON_MARGIN * off_ms, on_ms, off_ms, fresh=True)
+        if off_ms > 0.0:
+            _save(key, v)
     how = "measured now" if v.fresh else "measured before"
     log.info("flash attention for %d sequences: %s (%.2f ms against %.2f, %s)", n_seq, _word(v.on), *v.ms, how)
     _verdicts[shape, n_seq, threads] = v
     return v
+
+
+def _saved(key: str) -> Optional[Verdict]:
+    """The cached verdict, or None (none, or not one: measured again)."""
+    try:
+        saved = json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(saved, dict) or type(saved.get("on")) is not bool:
+        return None
+    ms: list[Any] = [saved.get(k) for k in ("on_ms", "off_ms")]
+    if not all(type(x) in (int, float) and 0.0 < x < 1e9 for x in ms):
+        return None
+    return Verdict(saved["on"], float(ms[0]), float(ms[1]))
 
 
 def _word(on: bool) -> str:
@@ -140,14 +174,24 @@ def _save(key: str, v: Verdict) -> None:
 def forget() -> None:
     """Drop every verdict, this process's and the cache's (`mtp-cli doctor`, tests)."""
     _verdicts.clear()
-    for p in (cache_dir() / "attention").glob("*.json"):
-        p.unlink(missing_ok=True)
+    folder = cache_dir() / "attention"
+    for p in [*folder.glob("*.json"), *folder.glob("*.tmp")]:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:  # (a read-only cache: its verdicts stay)
+            log.warning("could not forget %s: %s", p, e)
 
 
 def measure(shape: AttentionShape, n_seq: int, n_threads: int) -> tuple[float, float]:
     """(with, without) flash attention: ms of a decode of one row per sequence, medians summed
-    over DEPTHS."""
+    over DEPTHS. Fewer layers where the KV cells would pass KV_BUDGET; (0, 0) where even one would."""
     per_seq = max(DEPTHS) + BLOCK + 8
+    per_layer = 2 * per_seq * n_seq * shape.n_head_kv * (shape.d_k + shape.d_v)  # (bytes of f16 cells, padded less)
+    n_layer = min(shape.n_layer, KV_BUDGET // per_layer)
+    if n_layer < 1:
+        log.info("flash attention for %d sequences: not probed (KV cells of %d MiB a layer)", n_seq, per_layer >> 20)
+        return 0.0, 0.0
+    shape = replace(shape, n_layer=n_layer)
     with tempfile.TemporaryDirectory(prefix="mtp-cli-attention-") as tmp:
         path = write_attention_probe(Path(tmp) / "probe.gguf", **_shape_args(shape), n_ctx=per_seq)
         with lx.load_model(path) as model:

@@ -26,9 +26,10 @@ from gguf_tools.errors import BadFileError
 from gguf_tools.gguf_file import GGUFFile
 from mtp_cli import cpu_check, drafters
 from mtp_cli import llama_ext as lx
+from mtp_cli.attention_probe import AttentionShape
 from mtp_cli.chat import Source, Templated, checked_template
-from mtp_cli.config import GenConfig, LoadConfig, Placement
-from mtp_cli.contexts import AttentionShape, Contexts, ContextSettings, fa_auto_off
+from mtp_cli.config import GenConfig, LoadConfig
+from mtp_cli.contexts import Contexts, ContextSettings, fa_auto_off
 from mtp_cli.drafters import Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
@@ -114,10 +115,6 @@ class Runtime:
         cpu_check.ensure(cfg.placement.repack)
         lx.add_rpc_servers(cfg.placement.rpc)  # (their devices are ggml's from here on, as llama.cpp's --rpc)
         return cls(model_path, cfg)
-
-    @property
-    def placement(self) -> Placement:
-        return self.config.placement
 
     def _head_apart(self, spec: type[Drafter], n_gpu_layers: int) -> bool:
         """Whether the model's own head is to be placed apart from its trunk (-ngld unlike -ngl)."""

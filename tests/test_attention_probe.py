@@ -42,17 +42,28 @@ def test_a_files_attention_shape():
         attention__head_count=[4, 4, 4, 4],
         attention__head_count_kv=[0, 2, 0, 2],
         attention__key_length=32,
-        attention__value_length=16,
+        attention__value_length=32,
     )
-    assert AttentionShape.of(hybrid) == AttentionShape(4, 4, 2, 32, 16)
-    # what a llama block does not stand for: measured nowhere, so off as for one sequence
+    assert AttentionShape.of(hybrid) == AttentionShape(4, 4, 2, 32, 32)
+    # what a llama block does not stand for, or an odd header: measured nowhere, so off as for one sequence
     for odd in (
         _file(attention__head_count_kv=[2, 4]),
+        _file(attention__head_count=[9, 3]),
         _file(attention__kv_lora_rank=512),
         _file(attention__sliding_window=4096),
         _file(attention__head_count=None),
+        _file(attention__key_length=32, attention__value_length=16),  # (llama wants them equal)
+        _file(attention__key_length=63, attention__value_length=63),  # (rope wants an even size)
+        _file(attention__key_length=4096, attention__value_length=4096),
+        _file(attention__head_count=8, attention__head_count_kv=3),  # (groups of KV heads)
+        _file(attention__head_count=1 << 20, attention__head_count_kv=1),
+        _file(attention__head_count=True, attention__head_count_kv=True),
+        _file(block_count="30"),
+        _file(embedding_length=0),
+        _file(attention__head_count_kv=[0, 0]),
+        _file(attention__head_count_kv=["3"]),
     ):
-        assert AttentionShape.of(odd) is None
+        assert AttentionShape.of(odd) is None, odd.kv
 
 
 def _measured(monkeypatch, on_ms: float, off_ms: float) -> list[tuple]:
@@ -81,11 +92,32 @@ def test_a_cache_file_that_is_not_a_verdict_is_measured_again(monkeypatch, isola
     calls = _measured(monkeypatch, 1.0, 2.0)
     ap.choose(SHAPE, 2, 2)
     (path,) = (isolated_dirs["cache"] / "attention").glob("*.json")
-    for broken in ("{", '{"on": true}', "[]"):
-        path.write_text(broken)
+    broken = (
+        "{",
+        '{"on": true}',
+        "[]",
+        '{"on": "false", "on_ms": 3, "off_ms": 1}',
+        '{"on": false, "on_ms": 1e999, "off_ms": 1}',
+    )
+    for text in (*broken, "[" * 100_000):
+        path.write_text(text)
         ap._verdicts.clear()
         assert ap.choose(SHAPE, 2, 2).on
-    assert len(calls) == 4
+    assert len(calls) == 1 + len(broken) + 1
+
+
+def test_a_probe_that_cannot_run_says_off_and_is_measured_again_next_time(monkeypatch, isolated_dirs):
+    from mtp_cli.errors import LlamaError
+
+    def fails(*a):
+        raise LlamaError("llama.cpp failed to load the model")
+
+    monkeypatch.setattr(ap, "measure", fails)
+    v = ap.choose(SHAPE, 2, 2)
+    assert not v.on and not list((isolated_dirs["cache"] / "attention").glob("*.json"))
+    ap._verdicts.clear()
+    _measured(monkeypatch, 1.0, 2.0)
+    assert ap.choose(SHAPE, 2, 2).on
 
 
 def test_several_sequences_get_the_probes_verdict_and_one_sequence_stays_off(monkeypatch):
@@ -107,7 +139,6 @@ def test_a_runtime_of_several_slots_creates_its_target_context_as_the_probe_chos
     monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append(k) or real(*a, **k))
     for on_ms, expected in ((1.0, True), (3.0, False)):
         _measured(monkeypatch, on_ms, 2.0)
-        ap._verdicts.clear()
         ap.forget()
         with Runtime.load(model, spec_type="none", n_parallel=2) as rt:
             assert rt.attn == AttentionShape(3, 4, 2, 16, 16)
@@ -121,9 +152,42 @@ def test_a_runtime_of_several_slots_creates_its_target_context_as_the_probe_chos
 
 
 @pytest.mark.measured_attention
+def test_a_probe_keeps_its_kv_cells_within_the_budget(monkeypatch):
+    loads: list = []
+    monkeypatch.setattr(lx, "load_model", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
+    big = AttentionShape(8, 64, 64, 128, 128)  # (a layer's cells at 64 sequences: 2.2 GB)
+    assert ap.measure(big, 64, 2) == (0.0, 0.0) and not loads
+    assert not ap.choose(big, 64, 2).on
+    monkeypatch.setattr(ap, "KV_BUDGET", 3 * 2 * 1036 * 2 * 2 * 32)  # (three layers of SHAPE at 2 sequences)
+    written: list = []
+    real = ap.write_attention_probe
+    monkeypatch.setattr(ap, "write_attention_probe", lambda *a, **k: written.append(k) or real(*a, **k))
+    with pytest.raises(pytest.fail.Exception):  # (the load refused: only the layer count matters here)
+        ap.measure(AttentionShape(8, 4, 2, 16, 16), 2, 1)
+    assert written[0]["n_layer"] == 3
+
+
+@pytest.mark.measured_attention
 def test_the_probe_decodes_one_row_per_sequence_both_ways_on_this_cpu(monkeypatch):
     monkeypatch.setattr(ap, "DEPTHS", (16, 64))
     on_ms, off_ms = ap.measure(SHAPE, 3, 1)
     assert on_ms > 0 and off_ms > 0
     v = ap.choose(SHAPE, 3, 1)
     assert v.fresh and v.on == (v.on_ms <= ap.ON_MARGIN * v.off_ms)
+
+
+def test_auto_looks_for_the_profile_of_the_attention_its_slots_run_with(tiny_models, monkeypatch):
+    """Profiles are keyed by the resolved flash attention: a server whose probe turned it on for its
+    slots does not take a profile tuned without it."""
+    from gguf_tools.gguf_file import open_gguf
+    from mtp_cli.speed import profiles
+    from mtp_cli.speed.auto import AutoDraft
+
+    model = tiny_models("glm4moe")["full"]
+    for on_ms, on in ((1.0, True), (3.0, False)):
+        _measured(monkeypatch, on_ms, 2.0)
+        ap.forget()
+        with Runtime.load(model, spec_type="mtp", n_parallel=2) as rt:
+            where = dict(n_gpu_layers=rt.config.n_gpu_layers, placement=rt.config.placement)
+            want = profiles.identify(open_gguf(model), None, n_threads=1, flash_attn=on, **where).key
+            assert AutoDraft(rt).profile_key(GenConfig(n_threads=1)) == want

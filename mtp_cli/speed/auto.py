@@ -98,14 +98,14 @@ class AutoDraft:
     def profile_key(self, cfg: GenConfig) -> str:
         """The key of this model's tuned profile for cfg's threads, and the runtime's -ngl and where it
         put the weights (RPC servers, the head's side...)."""
-        k = (cfg.n_threads, flash_attn_for(cfg, self.rt.fa_auto_off))
+        k = (cfg.n_threads, flash_attn_for(cfg, self.rt.fa_auto_off, self.rt.config.n_parallel, self.rt.attn))
         if k not in self._keys:
             self._keys[k] = profiles.identify(
                 self.rt.file,
                 self.rt.draft_file,
                 n_threads=cfg.n_threads,
                 n_gpu_layers=self.rt.config.n_gpu_layers,
-                placement=self.rt.placement,
+                placement=self.rt.config.placement,
                 flash_attn=k[1],
             ).key
         return self._keys[k]

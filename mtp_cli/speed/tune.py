@@ -174,7 +174,7 @@ class _Tuner:
             rt.draft_file,
             n_threads=base.n_threads,
             n_gpu_layers=rt.config.n_gpu_layers,
-            placement=rt.placement,
+            placement=rt.config.placement,
             flash_attn=flash_attn_for(base, rt.fa_auto_off),
         )
         res.candidates = [self.off]
