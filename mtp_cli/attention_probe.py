@@ -127,6 +127,7 @@ def choose(shape: AttentionShape, n_seq: int, n_threads: Optional[int]) -> Verdi
     key = _key(shape, n_seq, threads)
     v = _saved(key)
     if v is None:
+        log.info("flash attention for %d sequences: measuring which is faster on this CPU (once)", n_seq)
         try:
             on_ms, off_ms = measure(shape, n_seq, threads)
         except (MtpError, BadFileError, OSError, MemoryError) as e:

@@ -316,6 +316,24 @@ def test_the_command_serves_logs_one_line_per_request_and_stops_on_ctrl_c(tiny):
         proc.kill()
 
 
+def test_a_server_of_several_slots_says_what_flash_attention_its_cpu_chose(tiny, isolated_dirs):
+    import re
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "mtp_cli", "serve", "-m", str(tiny["full"]), "--port", "0", "-c", str(2 * N_CTX)]
+    proc = subprocess.Popen([*cmd, "-np", "2", "--spec-draft-n-max", "3", "-t", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"serving \S+ \(\S+ N=3, 2 slots, flash attention (on|off), context 256\) at http", line)
+        assert m, line
+        (verdict,) = (isolated_dirs["cache"] / "attention").glob("*.json")  # (the probe's, kept for next time)
+        assert json.loads(verdict.read_text())["on"] is (m.group(1) == "on")
+    finally:
+        proc.kill()
+
+
 def _slow(engine, monkeypatch, per_token: float = 0.02):
     """Make the engine's model slow (per_token seconds a token), to leave while it generates."""
     real = engine.rt.generate

@@ -201,6 +201,10 @@ def _say_serving(engine: Any, address: tuple[Any, ...], webui: bool) -> None:
     if res.note:
         render.note(f"note: {res.note}")
     page = f", chat page at {where.removesuffix('/v1')}/" if webui else ""
+    slots = engine.rt.config.n_parallel
+    if slots > 1:  # (flash attention for several slots is measured on the CPU: say what it chose)
+        fa = {True: "on", False: "off", None: "llama.cpp's auto"}[engine.flash_attn]
+        drafting += f", {slots} slots, flash attention {fa}"
     render.err.print(f"serving {engine.alias} ({drafting}, context {engine.n_ctx}) at {where}{page}", highlight=False)
 
 

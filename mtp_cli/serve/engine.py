@@ -87,7 +87,8 @@ class Engine:
         self.reasoning_format = "auto"  # (--reasoning-format: a chat request's default)
         self.auto = AutoDraft(rt)
         self.startup: Resolved = self.auto.resolve(drafters.validated(base))  # a bad setting fails before serving
-        self.n_ctx = rt.contexts(self.startup.config)[0].n_ctx
+        ctxs = rt.contexts(self.startup.config)[0]
+        self.n_ctx, self.flash_attn = ctxs.n_ctx, ctxs.key.kv.flash_attn  # (None: llama.cpp's auto)
         rt.longest_token  # noqa: B018  (computed now, not in the first request)
         self.created = int(os.path.getmtime(rt.model_path))
         self.recent: deque[Record] = deque(maxlen=64)
