@@ -31,7 +31,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mtp_cli import llama_ext as lx  # noqa: E402
+from mtp_cli.attention_probe import timed  # noqa: E402
 from mtp_cli.config import GenConfig  # noqa: E402
 from mtp_cli.prompts import read_prompts  # noqa: E402
 from mtp_cli.runtime import Runtime  # noqa: E402
@@ -47,23 +47,6 @@ from mtp_cli.speed.runs import prompt_tokens  # noqa: E402
 EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "mtp_cli" / "train" / "prompts" / "eval_prompts.txt"
 TEXT = "The quick brown fox jumps over the lazy dog, said the teacher to the class of thirty. "
 BLOCK = 5  # decodes of one shape in a row (the first not timed)
-
-
-def timed(ctx: lx.Context, batch: lx.Batch, toks: list[int], depth: int, rows: int, seqs: int) -> list[float]:
-    """Seconds of BLOCK - 1 decodes of `rows` rows of each of `seqs` sequences at `depth` (each rolled back)."""
-    out = []
-    for i in range(BLOCK):
-        batch.clear()
-        for s in range(seqs):
-            for j in range(rows):
-                batch.add(toks[depth + j], depth + j, seq_id=s, logits=True)
-        t = time.perf_counter()
-        lx.decode(ctx, batch)
-        if i:
-            out.append(time.perf_counter() - t)
-        for s in range(seqs):
-            lx.memory_seq_rm(ctx, s, depth, -1)
-    return out
 
 
 def at_depth(rt: Runtime, toks: list[int], depth: int, rows: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -93,7 +76,7 @@ def at_depth(rt: Runtime, toks: list[int], depth: int, rows: list[int], args: ar
         for r in range(args.rounds):
             for on in (True, False) if r % 2 == 0 else (False, True):
                 for n in rows:
-                    times.setdefault((on, n), []).extend(timed(ctxs[on], batch, toks, depth, n, args.seqs))
+                    times.setdefault((on, n), []).extend(timed(ctxs[on], args.seqs, depth, n, BLOCK))
         ms = {f"{'on' if on else 'off'}:{n}": statistics.median(ts) * 1000 for (on, n), ts in times.items()}
         return {"depth": depth, "ms": ms}
     finally:

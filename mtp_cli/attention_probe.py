@@ -205,7 +205,7 @@ def measure(shape: AttentionShape, n_seq: int, n_threads: int) -> tuple[float, f
                 filled = depth
                 for r in range(ROUNDS):
                     for on in (True, False) if r % 2 == 0 else (False, True):
-                        times.setdefault((on, depth), []).extend(_timed(ctxs[on], n_seq, depth))
+                        times.setdefault((on, depth), []).extend(timed(ctxs[on], n_seq, depth))
     on_ms, off_ms = (sum(statistics.median(times[on, d]) * 1000 for d in DEPTHS) for on in (True, False))
     return on_ms, off_ms
 
@@ -233,13 +233,15 @@ def _fill(ctx: lx.Context, n_seq: int, p0: int, p1: int) -> None:
         lx.memory_seq_copy(ctx, 0, s)
 
 
-def _timed(ctx: lx.Context, n_seq: int, depth: int) -> list[float]:
-    """Seconds of BLOCK - 1 decodes of one row per sequence at `depth` (each rolled back)."""
-    batch, out = lx.Batch(max(512, n_seq)), []
-    for i in range(BLOCK):
+def timed(ctx: lx.Context, n_seq: int, depth: int, rows: int = 1, block: int = BLOCK) -> list[float]:
+    """Seconds of `block` - 1 decodes (the first, a new graph shape, not timed) of `rows` rows of
+    every sequence at `depth`, each rolled back (benchmarks/attention_bench.py times these too)."""
+    batch, out = lx.Batch(max(512, n_seq * rows)), []
+    for i in range(block):
         batch.clear()
         for s in range(n_seq):
-            batch.add(3 + s, depth, seq_id=s, logits=True)
+            for j in range(rows):
+                batch.add(3 + (s + j) % (N_VOCAB - 3), depth + j, seq_id=s, logits=True)
         t = time.perf_counter()
         lx.decode(ctx, batch)
         if i:
@@ -249,4 +251,4 @@ def _timed(ctx: lx.Context, n_seq: int, depth: int) -> list[float]:
     return out
 
 
-__all__ = ["AttentionShape", "Verdict", "choose", "forget", "measure"]
+__all__ = ["AttentionShape", "Verdict", "choose", "forget", "measure", "timed"]
