@@ -219,7 +219,7 @@ class AdaptiveController(DraftPolicy):
         self.ev.fold(self._nk, self._na)
         warm_up = self._probing == 1 and not self.shadow  # its time is the switch's, not the setting's
         if self._probing and not warm_up:
-            self._wait = self._probe_wait(n_win, per)
+            self._wait = self._probe_wait(n_win, per, steps)
         if self.ev.measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
             if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
                 self.ev.add_cost(n_win, per, steps)
@@ -294,15 +294,16 @@ class AdaptiveController(DraftPolicy):
         self._f_steps, self._f_time = 0, 0.0
         return self.n
 
-    def _probe_wait(self, n: int, per: float) -> float:
+    def _probe_wait(self, n: int, per: float, steps: int = PROBE_STEPS - 1) -> float:
         """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time the
-        probe's steps lost against the best N for the tokens they gave (over RPC N = 2 costs 2 steps,
-        gives 2.4)."""
+        probe's `steps` timed steps lost against the best N for the tokens they gave (over RPC N = 2
+        costs 2 steps, gives 2.4), their cost doubted as a probe's promise is (a few steps may read
+        it dear: over RPC one dear probe at N = 2 kept drafting off for a whole row where it ran 1.15x)."""
         base = self.ev.cost(self.best)
         if not base:
             return 0.0
         if self.ev.measure:
-            c = min(per, 3.0 * base)
+            c = min(per, 3.0 * base) * self.ev.doubt(n, steps)
         elif self.shadow:
             return 0.0  # (fixed costs say nothing about a shadow step)
         else:

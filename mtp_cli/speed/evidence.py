@@ -124,10 +124,15 @@ class Evidence:
             out.append(e / c if c else None)
         return out
 
+    def doubt(self, n: int, more: float = 0.0) -> float:
+        """The share of N's measured cost it may really be: 1 - COST_DOUBT / sqrt(steps measured, and
+        `more` about to be), at least a half."""
+        return max(0.5, 1.0 - COST_DOUBT / math.sqrt(max(self.C[n] + more, 1.0)))
+
     def cost_optimistic(self, n: int, measured: Sequence[Optional[float]]) -> float:
         c = measured[n]
         if c is not None and self.measure:  # (a probe's few steps may have read it dear: another look)
-            return c * max(0.5, 1.0 - COST_DOUBT / math.sqrt(max(self.C[n], 1.0)))
+            return c * self.doubt(n)
         if c is not None:
             return c
         below = [(j, m) for j, m in enumerate(measured[:n]) if m is not None]
