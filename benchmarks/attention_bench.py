@@ -7,8 +7,9 @@ llama.cpp's flash attention on against off, the same context settings otherwise.
 Why it exists: llama.cpp's `-fa auto` turns flash attention on wherever the device has the op, and
 on a CPU its kernel reads the KV cache one query row at a time below 64 rows (ggml-cpu ops.cpp: the
 tiled path needs 64), so a plain decode and every verify batch pay for it past ~100 positions.
-`mtp-cli` resolves auto to off where attention runs on the CPU (mtp_cli.contexts.flash_attn_for);
-this script shows whether that holds on a given CPU. Per depth, the prompt is decoded into two
+`mtp-cli` resolves auto to off where attention runs on the CPU for one sequence, and measures it for
+several (mtp_cli.contexts.flash_attn_for, mtp_cli.attention_probe); this script shows what either
+costs on a given CPU with the real model. Per depth, the prompt is decoded into two
 contexts (on, off); then for each row count a decode of that many rows at the prompt's end, timed in
 blocks (the first of a block, a new graph shape, not timed), rounds interleaved, medians. Printed:
 ms per decode with each setting, on / off, and v(rows - 1) (the decode against a one-row decode with

@@ -109,15 +109,20 @@ def references(model: str, prompts: list[str], max_tokens: int, n_threads: int) 
 
 def attention_of(model: str, setting: str, n_threads: int, n_parallel: int, llama: bool) -> bool:
     """Whether a server runs with flash attention: +fa / +nofa; llama-server's auto turns it on;
-    mtp-cli's is off for one slot and this CPU's measured verdict for several (attention_probe)."""
+    mtp-cli's as its contexts resolve it (off for one slot on a CPU, the CPU's measured verdict for
+    several, llama.cpp's auto, on, where layers are offloaded)."""
     attn = setting.partition("+")[2]
-    if attn or llama or n_parallel == 1:
-        return attn == "fa" or (llama and not attn)
+    if attn or llama:
+        return attn == "fa" or not attn
     from gguf_tools.gguf_file import open_gguf
-    from mtp_cli.attention_probe import AttentionShape, choose
+    from mtp_cli.attention_probe import AttentionShape
+    from mtp_cli.config import GenConfig, LoadConfig
+    from mtp_cli.contexts import fa_auto_off, flash_attn_for
 
-    shape = AttentionShape.of(open_gguf(model))
-    return shape is not None and choose(shape, n_parallel, n_threads).on
+    gf = open_gguf(model)
+    off = fa_auto_off(LoadConfig(n_parallel=n_parallel), gf.arch)
+    on = flash_attn_for(GenConfig(n_threads=n_threads), off, n_parallel, AttentionShape.of(gf))
+    return on is not False
 
 
 def free_port() -> int:
@@ -132,7 +137,7 @@ def start_server(
     """`mtp-cli serve` with a draft setting (none, a number, auto; the model's default drafting), or
     llama.cpp's llama-server (`llama`: its binary; plain decoding), both on a 4096-token context
     split among `n_parallel` slots; a setting may end in +fa or +nofa (flash attention on / off; each
-    server's own default otherwise: llama-server's auto turns it on, mtp-cli's is off on a CPU)."""
+    server's own default otherwise: llama-server's auto turns it on, mtp-cli's attention_of says)."""
     setting, _, attn = setting.partition("+")  # (+fa / +nofa: flash attention on / off, either server)
     common = ["-m", model, "--port", str(port), "-t", str(n_threads), "-c", "4096", "-np", str(n_parallel)]
     common += {"fa": ["-fa", "on"], "nofa": ["-fa", "off"], "": []}[attn]

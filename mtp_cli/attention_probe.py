@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 ON_MARGIN = 0.97  # flash attention on only when the probe's decodes cost at most this much of off's
 DEPTHS = (64, 256, 1024)  # positions per sequence the decodes are timed at (chat turns to long ones)
 MAX_LAYERS = 8  # the sign of the difference is per layer; more layers only lengthen the probe
-KV_BUDGET = 512 << 20  # bytes of KV cells a probe context may hold (fewer layers past it; none: off)
+KV_BUDGET = 512 << 20  # bytes of KV cells the probe's two contexts may hold (fewer layers past it; none: off)
+CELL_BYTES = {"f32": 4, "f16": 2, "bf16": 2}  # (the unquantized cells flash_attn_for lets it measure)
 MAX_HEADS, MAX_HEAD_DIM = 1024, 1024  # past these a shape is not probed (llama.cpp's own go to 576 / 512)
 ROUNDS, BLOCK = 4, 4  # rounds of both settings, interleaved; decodes per block (the first not timed)
 
@@ -107,7 +108,7 @@ class Verdict:
 
 def _key(shape: AttentionShape, n_seq: int, n_threads: int) -> str:
     # (the probe's own settings too: a verdict of another probe is measured again)
-    text = json.dumps([check_key(), asdict(shape), n_seq, n_threads, DEPTHS, ON_MARGIN, ROUNDS, BLOCK])
+    text = json.dumps([check_key(), asdict(shape), n_seq, n_threads, DEPTHS, ON_MARGIN, ROUNDS, BLOCK, KV_BUDGET])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -187,7 +188,8 @@ def measure(shape: AttentionShape, n_seq: int, n_threads: int) -> tuple[float, f
     """(with, without) flash attention: ms of a decode of one row per sequence, medians summed
     over DEPTHS. Fewer layers where the KV cells would pass KV_BUDGET; (0, 0) where even one would."""
     per_seq = max(DEPTHS) + BLOCK + 8
-    per_layer = 2 * per_seq * n_seq * shape.n_head_kv * (shape.d_k + shape.d_v)  # (bytes of f16 cells, padded less)
+    cells = per_seq * n_seq * shape.n_head_kv  # (a layer's, in each context; llama.cpp pads a little more)
+    per_layer = 2 * cells * (shape.d_k * CELL_BYTES[shape.cache_type_k] + shape.d_v * CELL_BYTES[shape.cache_type_v])
     n_layer = min(shape.n_layer, KV_BUDGET // per_layer)
     if n_layer < 1:
         log.info("flash attention for %d sequences: not probed (KV cells of %d MiB a layer)", n_seq, per_layer >> 20)

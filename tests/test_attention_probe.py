@@ -158,7 +158,8 @@ def test_a_probe_keeps_its_kv_cells_within_the_budget(monkeypatch):
     big = AttentionShape(8, 64, 64, 128, 128)  # (a layer's cells at 64 sequences: 2.2 GB)
     assert ap.measure(big, 64, 2) == (0.0, 0.0) and not loads
     assert not ap.choose(big, 64, 2).on
-    monkeypatch.setattr(ap, "KV_BUDGET", 3 * 2 * 1036 * 2 * 2 * 32)  # (three layers of SHAPE at 2 sequences)
+    cells = (max(ap.DEPTHS) + ap.BLOCK + 8) * 2 * 2  # (SHAPE's KV heads at 2 sequences, a layer of a context)
+    monkeypatch.setattr(ap, "KV_BUDGET", 3 * 2 * cells * (16 * 2 + 16 * 2))  # (three layers, both contexts, f16)
     written: list = []
     real = ap.write_attention_probe
     monkeypatch.setattr(ap, "write_attention_probe", lambda *a, **k: written.append(k) or real(*a, **k))
@@ -170,10 +171,58 @@ def test_a_probe_keeps_its_kv_cells_within_the_budget(monkeypatch):
 @pytest.mark.measured_attention
 def test_the_probe_decodes_one_row_per_sequence_both_ways_on_this_cpu(monkeypatch):
     monkeypatch.setattr(ap, "DEPTHS", (16, 64))
+    made: list[tuple[Any, dict]] = []
+    real_create, real_timed = lx.create_context, ap.timed
+    monkeypatch.setattr(lx, "create_context", lambda *a, **k: made.append((real_create(*a, **k), k)) or made[-1][0])
+    rows: list[tuple[bool, int, int]] = []
+
+    def timed(ctx, n_seq, depth, *a):  # (the real decodes, each context's setting recorded)
+        kv = next(k["kv"] for c, k in made if c is ctx)
+        rows.append((kv.flash_attn, n_seq, depth))
+        return real_timed(ctx, n_seq, depth, *a)
+
+    monkeypatch.setattr(ap, "timed", timed)
     on_ms, off_ms = ap.measure(SHAPE, 3, 1)
     assert on_ms > 0 and off_ms > 0
-    v = ap.choose(SHAPE, 3, 1)
-    assert v.fresh and v.on == (v.on_ms <= ap.ON_MARGIN * v.off_ms)
+    assert sorted({k["kv"].flash_attn for _, k in made}) == [False, True] and all(k["n_seq_max"] == 3 for _, k in made)
+    assert sorted(set(rows)) == [(on, 3, d) for on in (False, True) for d in (16, 64)]
+    assert len(rows) == 2 * 2 * ap.ROUNDS
+
+
+@pytest.mark.measured_attention
+def test_the_probe_adds_each_settings_decodes_to_its_own_side(monkeypatch):
+    """(with, without) come from the contexts created with and without flash attention, summed over DEPTHS."""
+    made: dict[int, bool] = {}
+    real_create = lx.create_context
+
+    def create(*a, **k):
+        ctx = real_create(*a, **k)
+        made[id(ctx)] = k["kv"].flash_attn
+        return ctx
+
+    monkeypatch.setattr(lx, "create_context", create)
+    monkeypatch.setattr(ap, "DEPTHS", (16, 32))
+    monkeypatch.setattr(ap, "timed", lambda ctx, *a: [0.001 if made[id(ctx)] else 0.002] * 3)
+    assert ap.measure(SHAPE, 2, 1) == pytest.approx((2.0, 4.0))
+
+
+def test_a_server_of_several_slots_runs_and_says_the_attention_its_probe_chose(tiny_models, monkeypatch, capsys):
+    pytest.importorskip("fastapi")
+    from mtp_cli.cli.serve import _say_serving
+    from mtp_cli.config import LoadConfig
+    from mtp_cli.serve.engine import Engine
+
+    model = tiny_models("glm4moe")["full"]
+    for on_ms, on in ((1.0, True), (3.0, False)):
+        _measured(monkeypatch, on_ms, 2.0)
+        ap.forget()
+        engine = Engine.load(model, GenConfig(n_ctx=512, n_threads=1), load=LoadConfig(n_parallel=2))
+        try:
+            assert engine.flash_attn is on and engine.rt._ctx.key.kv.flash_attn is on
+            _say_serving(engine, ("127.0.0.1", 8080), False)
+            assert f", 2 slots, flash attention {'on' if on else 'off'}, context 256)" in capsys.readouterr().err
+        finally:
+            engine.close()
 
 
 def test_auto_looks_for_the_profile_of_the_attention_its_slots_run_with(tiny_models, monkeypatch):

@@ -231,3 +231,24 @@ def test_a_profile_with_the_head_off_leaves_the_rest_of_the_chain(models, config
         res = auto.resolve(greedy(spec_type="ngram,lookup,mtp", draft_mode="auto"))
         assert (res.config.spec_type, res.mode) == ("ngram,lookup", "adaptive") and res.controller is not None
         assert auto.resolve(greedy(spec_type="mtp", draft_mode="auto")).config.spec_type == "none"
+
+
+def test_tuned_with_flash_attention_on_the_profile_is_what_slots_that_run_with_it_find(models, config_dir, monkeypatch):
+    """`tune -fa on` keys its profile by flash attention on: a server of several slots whose probe
+    turned it on finds it (and, without one, is told to tune so), one slot (off on a CPU) does not."""
+    from mtp_cli import attention_probe
+    from mtp_cli.config import LoadConfig
+    from mtp_cli.speed.auto import NO_PROFILE_NOTE, NO_PROFILE_NOTE_FA
+
+    monkeypatch.setattr(attention_probe, "measure", lambda *a: (1.0, 2.0))  # (this CPU: on for several)
+    path = models(head_noise=1.0)["full"]
+    cfg = greedy(spec_type="mtp", draft_mode="auto", n_threads=THREADS)
+    with Runtime.load(path, LoadConfig(spec_type="mtp", n_parallel=2)) as rt:
+        assert AutoDraft(rt).resolve(cfg).note == NO_PROFILE_NOTE_FA
+    r = run_cli("tune", "-m", str(path), "--budget", "3", "-t", str(THREADS), "--n-max", "2", "-fa", "on")
+    assert r.exit_code == 0, r.output
+    for n_parallel, found in ((2, True), (1, False)):
+        with Runtime.load(path, LoadConfig(spec_type="mtp", n_parallel=n_parallel)) as rt:
+            res = AutoDraft(rt).resolve(cfg)
+            assert (res.mode == "profile") is found, n_parallel
+            assert found or res.note == NO_PROFILE_NOTE

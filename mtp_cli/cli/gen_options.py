@@ -71,6 +71,18 @@ class SpecTypeOption(click.Option):
         return super().get_help_record(ctx)
 
 
+flash_attn = click.option(
+    "-fa",
+    "--flash-attn",
+    "flash_attn",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
+    help="Flash attention. auto: where attention runs on the CPU with an unquantized KV cache, off for one "
+    "sequence (llama.cpp's CPU kernel: 1.7x slower per token at 256 positions, 2.2x at 1024) and measured on "
+    "this CPU for several (serve -np N); else llama.cpp's auto.",
+)
 context = stack(
     click.option(
         "-c", "--ctx-size", "n_ctx", default=_D.n_ctx, show_default=True, help="Context size (0: the model's)."
@@ -84,17 +96,7 @@ context = stack(
         show_default=True,
         help="Prompt chunk size.",
     ),
-    click.option(
-        "-fa",
-        "--flash-attn",
-        "flash_attn",
-        type=click.Choice(["on", "off", "auto"]),
-        default="auto",
-        show_default=True,
-        callback=lambda ctx, param, v: {"on": True, "off": False}.get(v),
-        help="Flash attention. auto: off where attention runs on the CPU with an unquantized KV cache "
-        "(llama.cpp's CPU kernel: 1.7x slower per token at 256 positions, 2.2x at 1024), else llama.cpp's auto.",
-    ),
+    flash_attn,
 )
 sampling = stack(
     click.option("--temp", default=_D.temp, show_default=True, help="Temperature (0: greedy)."),

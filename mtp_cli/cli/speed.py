@@ -14,6 +14,7 @@ from mtp_cli.cli import options as opt
 from mtp_cli.cli import render
 from mtp_cli.cli.app import main
 from mtp_cli.cli.demo_model import demo_file
+from mtp_cli.cli.gen_options import flash_attn
 from mtp_cli.cli.llama_flags import llama_compat, load_of, placement
 
 
@@ -26,6 +27,7 @@ from mtp_cli.cli.llama_flags import llama_compat, load_of, placement
 @opt.threads
 @opt.gpu_layers
 @placement
+@flash_attn
 @click.option("--no-save", is_flag=True, help="Measure and report only; do not save the profile.")
 @opt.as_json
 @llama_compat

@@ -44,6 +44,8 @@ NO_PROFILE_NOTE = (
     "no tuned profile for this model on this machine (run `mtp-cli tune -m MODEL`); "
     "choosing N adaptively while generating"
 )
+# (several slots whose probe turned flash attention on look for a profile tuned with it on)
+NO_PROFILE_NOTE_FA = NO_PROFILE_NOTE.replace("-m MODEL`", "-m MODEL -fa on`: these slots run with flash attention on")
 
 
 def default_spec(model: str | os.PathLike[str], draft_model: Optional[str | os.PathLike[str]] = None) -> str:
@@ -110,6 +112,11 @@ class AutoDraft:
             ).key
         return self._keys[k]
 
+    def _no_profile(self, cfg: GenConfig) -> str:
+        """What to say without a profile: tune's own runs are keyed by the flash attention they resolve."""
+        on = flash_attn_for(cfg, self.rt.fa_auto_off, self.rt.config.n_parallel, self.rt.attn)
+        return NO_PROFILE_NOTE_FA if on and self.rt.fa_auto_off else NO_PROFILE_NOTE
+
     def resolve(self, cfg: GenConfig, controller: Optional[AdaptiveController] = None) -> Resolved:
         """cfg's draft length chosen (a fixed one is left to the runtime's checks)."""
         mode = cfg.draft_mode
@@ -128,7 +135,7 @@ class AutoDraft:
             ctl = controller or self.controllers.get(spec)
             if ctl is None:
                 ctl = self.controllers[spec] = AdaptiveController(ADAPTIVE_N_MAX)
-            note = NO_PROFILE_NOTE if mode == "auto" and any(m.target_h for m in members(cls)) else None
+            note = self._no_profile(cfg) if mode == "auto" and any(m.target_h for m in members(cls)) else None
             n_max = max(ctl.n_max, cap)
             res = Resolved(replace(cfg, draft_mode="adaptive", draft_n_max=n_max), ctl, "adaptive", note)
         n = res.policy.n_max if res.policy is not None else res.config.draft_n_max

@@ -126,9 +126,11 @@ def tune(
     progress: Optional[Callable[[TuneEvent], None]] = None,
     save: bool = True,
     config_dir: Optional[Path] = None,
+    flash_attn: Optional[bool] = None,
 ) -> TuneResult:
     """Measure, pick the fastest setting, save it as this model's profile on this machine (save=True).
-    `load`: its draft model (an MTP sidecar), -ngl and placement (loaded for the MTP head)."""
+    `load`: its draft model (an MTP sidecar), -ngl and placement (loaded for the MTP head);
+    `flash_attn`: -fa (None: auto; the profile is keyed by what it resolves to)."""
     t0 = _now()
     if budget <= 0:
         raise TuneError(f"`budget` must be positive, got {budget:g}")
@@ -138,7 +140,7 @@ def tune(
     if not texts:
         raise TuneError("no prompts")
     builtin = prompts is None
-    base = GenConfig(n_threads=n_threads, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK)
+    base = GenConfig(n_threads=n_threads, temp=0.0, n_ctx=n_ctx, n_predict=CHUNK, flash_attn=flash_attn)
     with Runtime.load(model, load, spec_type="mtp") as rt:
         toks = prompt_tokens(rt, texts, builtin)
         if max(len(t) for t in toks) + RUNG0_TOKENS >= n_ctx:
@@ -175,7 +177,7 @@ class _Tuner:
             n_threads=base.n_threads,
             n_gpu_layers=rt.config.n_gpu_layers,
             placement=rt.config.placement,
-            flash_attn=flash_attn_for(base, rt.fa_auto_off),
+            flash_attn=flash_attn_for(base, rt.fa_auto_off, rt.config.n_parallel, rt.attn),
         )
         res.candidates = [self.off]
 
