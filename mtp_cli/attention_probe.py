@@ -138,7 +138,8 @@ def choose(shape: AttentionShape, n_seq: int, n_threads: Optional[int]) -> Verdi
         if off_ms > 0.0:
             _save(key, v)
     how = "measured now" if v.fresh else "measured before"
-    log.info("flash attention for %d sequences: %s (%.2f ms against %.2f, %s)", n_seq, _word(v.on), *v.ms, how)
+    word = "on" if v.on else "off"
+    log.info("flash attention for %d sequences: %s (%.2f ms against %.2f, %s)", n_seq, word, *v.ms, how)
     _verdicts[shape, n_seq, threads] = v
     return v
 
@@ -155,10 +156,6 @@ def _saved(key: str) -> Optional[Verdict]:
     if not all(type(x) in (int, float) and 0.0 < x < 1e9 for x in ms):
         return None
     return Verdict(saved["on"], float(ms[0]), float(ms[1]))
-
-
-def _word(on: bool) -> str:
-    return "on" if on else "off"
 
 
 def _save(key: str, v: Verdict) -> None:

@@ -69,16 +69,16 @@ class ContextSettings:
         recurrent: bool,
         drafting: bool,
         n_seq: int = 1,
-        fa_off: bool = False,
-        shape: Optional[AttentionShape] = None,
+        flash_attn: Optional[bool] = None,
     ) -> ContextSettings:
+        """`flash_attn`: as flash_attn_for resolved it (Runtime.flash_attn)."""
         n_rs = cfg.draft_n_max if (recurrent and drafting) else 0
         n_ubatch = cfg.n_ubatch
         if n_rs and n_ubatch is not None and n_ubatch <= n_rs + 1:
             # llama.cpp aborts (llama-batch.cpp split_equal: n_ubatch > n_keep_tail = n_rs_seq + 1)
             log.warning("n_ubatch %d raised to %d: the target keeps %d rollback snapshots", n_ubatch, n_rs + 2, n_rs)
             n_ubatch = n_rs + 2
-        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn_for(cfg, fa_off, n_seq, shape))
+        kv = lx.KvOptions(cfg.cache_type_k, cfg.cache_type_v, n_ubatch, flash_attn)
         n_ctx = cfg.n_ctx or n_ctx_train * n_seq  # (0: the model's training context per slot)
         n_batch = max(cfg.n_batch, cfg.draft_n_max + 2, n_seq * (cfg.draft_n_max + 1))  # (every slot's step fits)
         return cls(n_ctx, n_batch, cfg.n_threads, n_rs, kv, n_seq)

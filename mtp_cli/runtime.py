@@ -29,7 +29,7 @@ from mtp_cli import llama_ext as lx
 from mtp_cli.attention_probe import AttentionShape
 from mtp_cli.chat import Source, Templated, checked_template
 from mtp_cli.config import GenConfig, LoadConfig
-from mtp_cli.contexts import Contexts, ContextSettings, fa_auto_off
+from mtp_cli.contexts import Contexts, ContextSettings, fa_auto_off, flash_attn_for
 from mtp_cli.drafters import Drafter, Models
 from mtp_cli.errors import ConfigError, LlamaError, ModelFileError, MtpError
 from mtp_cli.local_head import head_sidecar
@@ -223,15 +223,18 @@ class Runtime:
 
     # -- contexts ------------------------------------------------------------------------------
 
+    def flash_attn(self, cfg: GenConfig) -> Optional[bool]:
+        """-fa as cfg's target context gets it (contexts.flash_attn_for; profiles are keyed by it)."""
+        return flash_attn_for(cfg, self.fa_auto_off, self.config.n_parallel, self.attn)
+
     def contexts(self, cfg: GenConfig, cls: Optional[type[Drafter]] = None, seq: int = 0) -> tuple[Contexts, Drafter]:
         """The target context for cfg's settings (re-created when they change) and the drafter for
-        cfg.spec_type (`cls`, when the caller looked it up) following sequence `seq` on it (created
-        once per target context), configured for cfg."""
+        cfg.spec_type (`cls`, when looked up) following sequence `seq` on it (one per context), configured for cfg."""
         cls = cls or drafters.get(cfg.spec_type)
         n_seq = self.config.n_parallel
         if not 0 <= seq < n_seq:
             raise ConfigError(f"sequence {seq} is not one of this runtime's {n_seq} (`n_parallel`)")
-        key = ContextSettings.of(cfg, self.n_ctx_train, self.recurrent, cls.drafts, n_seq, self.fa_auto_off, self.attn)
+        key = ContextSettings.of(cfg, self.n_ctx_train, self.recurrent, cls.drafts, n_seq, self.flash_attn(cfg))
         if self._ctx is not None and self._ctx.key != key:
             if self._live:
                 raise ConfigError(f"the context settings cannot change while sequence {min(self._live)} generates")

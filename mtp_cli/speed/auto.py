@@ -19,7 +19,6 @@ from typing import Optional
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import drafters
 from mtp_cli.config import GenConfig
-from mtp_cli.contexts import flash_attn_for
 from mtp_cli.drafters import Drafter, members
 from mtp_cli.errors import ConfigError
 from mtp_cli.model_files import open_model_file
@@ -100,7 +99,7 @@ class AutoDraft:
     def profile_key(self, cfg: GenConfig) -> str:
         """The key of this model's tuned profile for cfg's threads, and the runtime's -ngl and where it
         put the weights (RPC servers, the head's side...)."""
-        k = (cfg.n_threads, flash_attn_for(cfg, self.rt.fa_auto_off, self.rt.config.n_parallel, self.rt.attn))
+        k = (cfg.n_threads, self.rt.flash_attn(cfg))
         if k not in self._keys:
             self._keys[k] = profiles.identify(
                 self.rt.file,
@@ -114,8 +113,7 @@ class AutoDraft:
 
     def _no_profile(self, cfg: GenConfig) -> str:
         """What to say without a profile: tune's own runs are keyed by the flash attention they resolve."""
-        on = flash_attn_for(cfg, self.rt.fa_auto_off, self.rt.config.n_parallel, self.rt.attn)
-        return NO_PROFILE_NOTE_FA if on and self.rt.fa_auto_off else NO_PROFILE_NOTE
+        return NO_PROFILE_NOTE_FA if self.rt.flash_attn(cfg) and self.rt.fa_auto_off else NO_PROFILE_NOTE
 
     def resolve(self, cfg: GenConfig, controller: Optional[AdaptiveController] = None) -> Resolved:
         """cfg's draft length chosen (a fixed one is left to the runtime's checks)."""

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtp_cli.config import GenConfig, LoadConfig
-from mtp_cli.contexts import flash_attn_for
 from mtp_cli.errors import MeasureError, TuneError
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
@@ -177,7 +176,7 @@ class _Tuner:
             n_threads=base.n_threads,
             n_gpu_layers=rt.config.n_gpu_layers,
             placement=rt.config.placement,
-            flash_attn=flash_attn_for(base, rt.fa_auto_off, rt.config.n_parallel, rt.attn),
+            flash_attn=rt.flash_attn(base),
         )
         res.candidates = [self.off]
 
