@@ -150,7 +150,7 @@ class LoadGate(DraftPolicy):
         super().__init__(inner.n_max)
         self.inner, self.others, self.costs, self.record, self.clock = inner, others, costs, record, clock
         self.n_min = max(1, n_min)  # (drafts shorter than this are discarded: a probe drafts this many)
-        self.sleep = inner.sleep
+        self.sleep, self.wakes = inner.sleep, inner.wakes
         self._held_at: Optional[float] = None  # when the step decided here began
         self._k = self._due = self._warm = 0  # N beside others; steps until the next decision; warm-up left
 

@@ -140,13 +140,14 @@ class VerifyLoop:
                 d.adopt(reuse.lender, prompt, keep)
         self.decoded = list(prompt)
         self.costs.unobserved()  # (the prompt's decodes come first)
-        # an off policy (asleep since the last generation, or a fresh controller): the drafters that
-        # can sleep follow none of the prompt, and the target computes no h rows for them (woken,
-        # they restart cold); the prompt's catch-up cost 2-3% of a short request here
+        # an off policy (asleep since the last generation, or a fresh controller): drafters that can sleep
+        # decode none of the prompt (2-3% of a short request here); those that remember keep its last rows
+        # to re-read on waking (drafters.recall), the target computing its h rows for them
         self.asleep = bool(self.policy.sleep and d.can_sleep and self.n_max > 0)
+        remembers = self.asleep and self.policy.wakes and d.remembers
         if self.asleep and isinstance(d, Chain):
-            d.sleeping = True
-        self._h_rows(not self.asleep)
+            d.sleeping, d.recalling = True, remembers
+        self._h_rows(not self.asleep or remembers)
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._p0 = keep
         if self.progress is not None:
@@ -209,8 +210,10 @@ class VerifyLoop:
         """A prompt chunk was decoded: the drafter follows it; after the last, the first token."""
         prompt, chunk, d, st = self._prompt, self._chunk, self.drafter, self.stats
         assert prompt is not None
-        if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members skip it)
+        if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members remember it, or skip it)
             d.on_prefill(chunk, self._p0)
+        elif self.h_on:  # (asleep, the target computed h rows for it to remember)
+            d.remember(chunk, self._p0)
         self._p0 += len(chunk)
         if self._p0 < len(prompt):
             if self.progress is not None:
@@ -344,16 +347,14 @@ class VerifyLoop:
         if not self.asleep or isinstance(self.drafter, Chain):  # (a chain's sleeping members skip it)
             self.drafter.accept(a, drafts)
         self.decoded += [self.id_last, *drafts[:a]]  # what the target now holds at n_past..
-        self.n_past += a + 1
-        self.id_last = nxt
+        self.n_past, self.id_last = self.n_past + a + 1, nxt
         # the policy hears of the drafts its N sized: a self-sized drafter's (the lookup's) are not its
         self.k, self.a = (0, 0) if k and self._self_sized_step() else (k, a)
         self.a_last = a
 
     def _self_sized_step(self) -> bool:
         """Whether this step's drafts came from a drafter that sizes its own."""
-        d = self.drafter
-        by = d.proposer if isinstance(d, Chain) else d
+        by = self.drafter.proposer if isinstance(self.drafter, Chain) else self.drafter
         return by is not None and by.self_sized
 
     def _emit(self, tok: int, source: Source, row: int) -> Generator[TokenEvent, None, bool]:
@@ -391,8 +392,7 @@ class VerifyLoop:
         else:
             st.t_gen = max(0.0, end - t_start - st.t_prompt - self.t_consumer)
         st.t_consumer = self.t_consumer
-        st.t_draft_decode = self.drafter.t_decode
-        st.n_draft_decode = self.drafter.n_decode
+        st.t_draft_decode, st.n_draft_decode = self.drafter.t_decode, self.drafter.n_decode
         self.policy.end(self.step)
         self.chooser.close()
 

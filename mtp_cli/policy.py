@@ -28,6 +28,8 @@ class DraftPolicy:
     can_sleep: bool = True
     #: a drafter that sizes its own drafts (the lookup) drafts nothing this step (with N = 0: nothing drafts)
     hold: bool = False
+    #: an asleep drafter may be woken in this generation (so it remembers the prompt: Drafter.remembers)
+    wakes: bool = True
 
     def __init__(self, n_max: int):
         self.n_max = int(n_max)
@@ -55,6 +57,7 @@ class NoDrafts(DraftPolicy):
 
     sleep = True
     hold = True
+    wakes = False
     quiet = 1 << 30  # (it never wakes the drafter: the target computes no h rows for it)
 
     def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:

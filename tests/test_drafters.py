@@ -355,8 +355,10 @@ def test_registry_one_module_per_spec_type():
     from mtp_cli.drafters.ngram import NgramDrafter
     from mtp_cli.errors import ConfigError
 
-    # (base: the interface; chain, joint: how drafters run together; head_files: the mtp spec's file checks)
-    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - {"base", "chain", "joint", "head_files"}
+    # (base: the interface; rows: the row queue of those with a context; chain, joint: how drafters run
+    # together; head_files, recall: the mtp spec's file checks and the prompt rows its heads re-read)
+    shared = {"base", "rows", "chain", "joint", "head_files", "recall"}
+    modules = {m.name for m in pkgutil.iter_modules(drafters.__path__)} - shared
     assert sorted(cls.__module__.rsplit(".", 1)[1] for cls in drafters.REGISTRY.values()) == sorted(modules)
     assert list(drafters.REGISTRY) == ["none", "mtp", "draft", "ngram", "lookup"]  # their order on the command line
     assert drafters.get("draft-mtp") is MtpDrafter and drafters.get(" NGRAM-simple ") is NgramDrafter

@@ -21,13 +21,13 @@ from mtp_cli.drafters.base import (
     ContextPlan,
     Drafter,
     Drafting,
-    DraftRows,
     Loader,
     Models,
     Need,
     check_same_vocab,
 )
 from mtp_cli.drafters.joint import alone
+from mtp_cli.drafters.rows import DraftRows
 from mtp_cli.errors import ConfigError, ModelFileError
 
 

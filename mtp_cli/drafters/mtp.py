@@ -21,19 +21,11 @@ from gguf_tools.gguf_file import GGUFFile
 from gguf_tools.names import ASSISTANT_ARCHS
 from mtp_cli import llama_ext as lx
 from mtp_cli.config import DRAFT_N_MAX_LIMIT, GenConfig
-from mtp_cli.drafters.base import (
-    DRAFT_N_OUTPUTS,
-    ContextPlan,
-    Drafter,
-    Drafting,
-    DraftRows,
-    HeadProbe,
-    Loader,
-    Models,
-    Need,
-)
+from mtp_cli.drafters.base import DRAFT_N_OUTPUTS, ContextPlan, Drafter, Drafting, HeadProbe, Loader, Models, Need
 from mtp_cli.drafters.head_files import check_head_files, load_head
 from mtp_cli.drafters.joint import alone
+from mtp_cli.drafters.recall import Recall
+from mtp_cli.drafters.rows import DraftRows
 from mtp_cli.errors import LlamaError
 
 # a shared assistant decodes row by row: its mask (n_ctx x n_batch) 0.5 MiB at 131072, not 256 MiB
@@ -59,6 +51,7 @@ class MtpDrafter(Drafter):
     target_h = True
     can_sleep = True
     can_resume = True
+    remembers = True
     rows: DraftRows
     mem_shared = False  # (SharedAssistant: it reads the target's KV)
     chain = False  # (ChainedHeads)
@@ -93,6 +86,7 @@ class MtpDrafter(Drafter):
         self.n_heads = max(1, lx.n_layer_nextn(head_model))
         self.rows = DraftRows(self.ctx, lx.n_vocab(head_model), n_vocab_target, self.catch_up, self.E, self.seq)
         self.pending_h = np.zeros(self.E, dtype=np.float32)  # target h row of the position before id_last
+        self.recall = Recall(self.E)  # the prompt's last rows, re-read on waking
         try:
             self._check_context()
         except LlamaError:
@@ -158,41 +152,46 @@ class MtpDrafter(Drafter):
         self.rows.batch.clear()
         self.pending_h[:] = 0.0
         self.rows.n_extra = 0
+        self.recall.clear()
 
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         """The head's memory, queued rows and pending_h continue where the prompt's tokens at keep.. do."""
-        if rewound:
-            self._rewind(keep, asleep)
-        elif asleep:
-            self.restart(keep, h=False)  # (the target's last decode, one plain token at keep-1, may have had no h)
+        self.recall.cut(keep)
+        if asleep:  # (its memory has a gap: over at keep, as after a sleep; the target's last decode had no h)
+            self.restart(keep, h=False)
+        elif rewound:
+            self._rewind(keep)
 
     def adopt(self, lender: Optional[Drafter], prompt: Sequence[int], keep: int) -> None:
         """Warm where it can: the lender head's memory, queued rows below keep and the target's h row of
         keep-1 where it has it (DraftRows.lend); else cold, as after a sleep."""
+        self.recall.clear()  # (its rows were another text's)
         if isinstance(lender, MtpDrafter) and not self.mem_shared:
             if lender.rows.lend(self.rows, keep, lender.pending_h, self.pending_h):
                 return
         self.resume(prompt, keep, True, True)
 
-    def _rewind(self, keep: int, asleep: bool) -> None:
-        """Drop what the head holds from keep on (all of it after a sleep: its memory has a gap); its
-        row at keep pairs with no h (the target's row of keep-1 went with an earlier batch)."""
+    def _rewind(self, keep: int) -> None:
+        """Drop what the head holds from keep on; its row at keep pairs with no h (the target's row of
+        keep-1 went with an earlier batch)."""
         self.catch_up()
-        if asleep:
-            lx.memory_seq_clear(self.ctx, self.seq, data=False)
-        elif not lx.memory_seq_rm(self.ctx, self.seq, keep, -1):
+        if not lx.memory_seq_rm(self.ctx, self.seq, keep, -1):
             raise LlamaError("MTP context refused to drop its rows past the kept prompt")
         self.rows.n_extra = 0
         self.pending_h[:] = 0.0
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
+        self.rows.enqueue(tokens, pos0, self.remember(tokens, pos0), spare=1)
+
+    def remember(self, tokens: np.ndarray, pos0: int) -> np.ndarray:
+        """Keep a prompt chunk's rows for waking (asleep, the head decodes none); its h pairs: position
+        pos0+k pairs with the target's h row of pos0+k-1 (pending_h, then this chunk's rows 0..n-2)."""
         n = len(tokens)
         h = self._target_h(n)
-        # position pos0+k pairs with h row pos0+k-1: pending_h, then this chunk's rows 0..n-2
-        self.rows.enqueue(tokens[:1], pos0, self.pending_h[None, :], spare=1)
-        if n > 1:
-            self.rows.enqueue(tokens[1:], pos0 + 1, h[: n - 1], spare=1)
+        pairs = np.concatenate([self.pending_h[None, :], h[: n - 1]])
         np.copyto(self.pending_h, h[n - 1])
+        self.recall.add(tokens, pairs, pos0)
+        return pairs
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         return alone(self.drafting(id_last, pos, n_max))
@@ -205,12 +204,15 @@ class MtpDrafter(Drafter):
         raise NotImplementedError
 
     def restart(self, pos: int, h: bool = True, row: int = 0) -> None:
-        """Resume cold after skipped steps: the head's memory starts over at `pos`, its first draft row
-        paired with the target's h row of pos-1 (row `row` of its last decode, which a lookup may have
-        drafted), or none."""
+        """Resume after skipped steps: the head's memory starts over at `pos`, the prompt's last rows
+        below it (Recall), its first draft row paired with the target's h row of pos-1 (row `row` of
+        its last decode, which a lookup may have drafted), or none."""
         lx.memory_seq_clear(self.ctx, self.seq, data=False)
         self.rows.batch.clear()
         self.rows.n_extra = 0
+        toks, hs = self.recall.below(pos)  # (the prompt's last rows, just below pos: Recall)
+        if len(toks):
+            self.rows.enqueue(toks, pos - len(toks), hs, spare=1)
         self._last_h(h, row)
 
     def _last_h(self, h: bool, row: int = 0) -> None:
@@ -346,6 +348,7 @@ class SharedAssistant(MtpDrafter):
     catch up or roll back; every draft row sits at pos, fed the assistant's own state."""
 
     mem_shared = True
+    remembers = False  # (no memory of its own to refill)
 
     def _check_context(self) -> None:
         if not self._shares_target():
@@ -368,7 +371,7 @@ class SharedAssistant(MtpDrafter):
     def _keep(self, n_accepted: int, drafts: Sequence[int], h: np.ndarray) -> None:
         """Nothing: its memory is the target's, which the loop rolled back."""
 
-    def _rewind(self, keep: int, asleep: bool) -> None:
+    def _rewind(self, keep: int) -> None:
         self.rows.batch.clear()  # (its memory is the target's, which the loop rewound)
         self.pending_h[:] = 0.0
 
