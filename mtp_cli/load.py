@@ -37,12 +37,12 @@ from mtp_cli.step_costs import StepCosts
 
 LOAD_MARGIN = 1.1  # drafting beside others must beat the shared step's rate by this much (costs are noisy)
 LOAD_WINDOW = 8  # steps between decisions beside others (each switch rebuilds graphs, wakes a head)
-LOAD_WARM = 8  # an asleep head follows this many steps before it drafts beside others (cold, it drafts low)
+LOAD_WARM = 2  # an asleep head follows this many steps before it drafts beside others (as adaptive.WARM_STEPS)
 LOAD_EVIDENCE = 16.0  # decayed first-draft counts below which a sequence's acceptance is unknown
 POS_EVIDENCE = 4.0  # ... below which a later position's is continued from the earlier ones (geometric)
 LOAD_PROBE_GAP = 256  # steps beside others without evidence before a probe (short runs never pay for one)
 LOAD_PROBE_GAP_MAX = 8192  # ... doubling after each probe that left it without (short generations, n_min)
-LOAD_PROBE_STEPS = 32  # a probe's steps beside others, warm-up included (24 drafts: the evidence asked for)
+LOAD_PROBE_STEPS = 26  # a probe's steps beside others, warm-up included (24 drafts: the evidence asked for)
 GAMMA = 0.99  # per drafted step: acceptance evidence halves in ~69 of them
 HEAD_DECAY = 0.1  # weight of a new drafter decode time in its mean
 

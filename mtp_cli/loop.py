@@ -37,6 +37,7 @@ from mtp_cli.config import GenConfig
 from mtp_cli.drafters import Chain, Drafter
 from mtp_cli.drafters.base import Drafting
 from mtp_cli.drafters.joint import alone
+from mtp_cli.drafters.recall import RECALL_ROWS
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Held, Reuse
 from mtp_cli.policy import DraftPolicy
@@ -84,7 +85,7 @@ class VerifyLoop:
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
         self._prompt: Optional[np.ndarray] = None  # while prefilling: the prompt; positions _p0.. to decode
-        self._p0 = 0
+        self._p0 = self._recall_from = 0  # (asleep, a drafter that remembers keeps the rows from _recall_from on)
         self.suspended = False  # at a yield: a generation closed there leaves a known memory
         self.progress: Optional[Callable[[int, int], None]] = None  # (prompt positions done, of how many)
 
@@ -140,14 +141,13 @@ class VerifyLoop:
                 d.adopt(reuse.lender, prompt, keep)
         self.decoded = list(prompt)
         self.costs.unobserved()  # (the prompt's decodes come first)
-        # an off policy (asleep since the last generation, or a fresh controller): drafters that can sleep
-        # decode none of the prompt (2-3% of a short request here); those that remember keep its last rows
-        # to re-read on waking (drafters.recall), the target computing its h rows for them
+        # an off policy (asleep since the last generation, or a fresh controller): drafters that can sleep decode
+        # none of the prompt (2-3% of a short request); those that remember keep its last rows (drafters.recall)
         self.asleep = bool(self.policy.sleep and d.can_sleep and self.n_max > 0)
-        remembers = self.asleep and self.policy.wakes and d.remembers
         if self.asleep and isinstance(d, Chain):
-            d.sleeping, d.recalling = True, remembers
-        self._h_rows(not self.asleep or remembers)
+            d.sleeping = True
+        remembers = self.asleep and self.policy.wakes and d.remembers  # (the target computes their h rows: fill)
+        self._recall_from = len(prompt) - RECALL_ROWS if remembers else len(prompt)
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._p0 = keep
         if self.progress is not None:
@@ -175,6 +175,7 @@ class VerifyLoop:
             toks, p0 = self._prompt, self._p0
             n = min(lx.n_batch(self.tgt), batch.capacity - batch.n_tokens, len(toks) - p0)
             self._chunk = toks[p0 : p0 + n]
+            self._h_rows(not self.asleep or p0 + n > self._recall_from)
             batch.add_many(self._chunk, p0, seq_id=self.seq, logits_last=p0 + n >= len(toks))
             return True
         if drafts is None:
@@ -210,16 +211,16 @@ class VerifyLoop:
         """A prompt chunk was decoded: the drafter follows it; after the last, the first token."""
         prompt, chunk, d, st = self._prompt, self._chunk, self.drafter, self.stats
         assert prompt is not None
-        if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members remember it, or skip it)
+        if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members skip it)
             d.on_prefill(chunk, self._p0)
-        elif self.h_on:  # (asleep, the target computed h rows for it to remember)
+        if self.asleep and self.h_on and self._p0 + len(chunk) > self._recall_from:  # (h rows on for it: fill)
             d.remember(chunk, self._p0)
         self._p0 += len(chunk)
         if self._p0 < len(prompt):
             if self.progress is not None:
                 self.progress(self._p0, len(prompt))
             return False
-        self._prompt = None
+        self._prompt, self.a_last = None, len(chunk) - 1  # (a head woken now starts from h row a_last)
         row = lx.logits_rows(self.tgt, out0 + 1, self.V)[out0]
         first = self.id_last = self.chooser.first(self.tgt, row0 + len(chunk) - 1, row, self.decoded)
         self.n_past = len(prompt)
@@ -330,12 +331,7 @@ class VerifyLoop:
         """Count the step, roll back the rejected cells, let the drafter and the policy see the result."""
         st, k = self.stats, len(drafts)
         if k:
-            st.n_drafted += k
-            st.n_accepted += a
-            for i in range(k):
-                st.drafted_at[i] += 1
-            for i in range(a):
-                st.accepted_at[i] += 1
+            st.count_drafts(k, a)
             if a < k and not lx.memory_seq_rm(self.tgt, self.seq, self.n_past + a + 1, -1):
                 raise LlamaError(
                     f"the target context refused to roll back {k - a} positions (n_rs_seq {lx.n_rs_seq(self.tgt)})"

@@ -89,6 +89,15 @@ class GenStats:
             total.spec_type = spec_type
         return total
 
+    def count_drafts(self, k: int, a: int) -> None:
+        """A verify pass of k drafts kept a of them."""
+        self.n_drafted += k
+        self.n_accepted += a
+        for i in range(k):
+            self.drafted_at[i] += 1
+        for i in range(a):
+            self.accepted_at[i] += 1
+
     @property
     def finished(self) -> bool:
         """It ran to one of its own ends (FINISHED), not stopped by its consumer or a failure."""

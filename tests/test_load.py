@@ -221,7 +221,8 @@ def test_a_slot_never_alone_probes_where_drafts_could_pay(v, probes):
         assert not any(ns)
         return
     first = ns.index(1)
-    assert first <= LOAD_PROBE_GAP + LOAD_WINDOW + LOAD_WARM and set(ns[first : first + LOAD_PROBE_STEPS - 8]) == {1}
+    # (single drafts until its evidence is in: LOAD_EVIDENCE first drafts, decayed)
+    assert first <= LOAD_PROBE_GAP + LOAD_WINDOW + LOAD_WARM and set(ns[first : first + int(LOAD_EVIDENCE)]) == {1}
     assert g.record.acceptance(3) == pytest.approx([1.0, 1.0, 1.0]) and g.record.head_s == pytest.approx(0.001)
     assert ns[-1] == 3  # (what it learned: all kept, a tenth of a decode each)
 

@@ -217,7 +217,7 @@ class Drafter:
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
         pass
 
-    def remember(self, tokens: np.ndarray, pos0: int) -> object:
+    def remember(self, tokens: np.ndarray, pos0: int) -> None:
         """(drafters that remember) a prompt chunk decoded while it sleeps."""
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:

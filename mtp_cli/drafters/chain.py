@@ -39,7 +39,6 @@ class Chain(Drafter):
         self.n_ctx = min(ctxs) if ctxs else None
         self.proposer: Optional[Drafter] = None  # the member whose drafts the last step verified
         self.sleeping = False  # the members that can sleep do (the loop's: the policy has drafting off)
-        self.recalling = False  # ... and those that remember keep the prompt's rows (the loop's: they may wake)
         self.remembers = any(m.remembers for m in self.parts)
 
     # -- the spec: the members' hooks -----------------------------------------------------------------
@@ -125,10 +124,12 @@ class Chain(Drafter):
             m.adopt(lm if type(lm) is type(m) else None, prompt, keep)
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
+        for m in self._awake():
+            m.on_prefill(tokens, pos0)
+
+    def remember(self, tokens: np.ndarray, pos0: int) -> None:
         for m in self.parts:
-            if not (self.sleeping and m.can_sleep):
-                m.on_prefill(tokens, pos0)
-            elif self.recalling and m.remembers:
+            if self.sleeping and m.can_sleep and m.remembers:
                 m.remember(tokens, pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:

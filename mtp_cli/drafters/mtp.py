@@ -181,17 +181,19 @@ class MtpDrafter(Drafter):
         self.pending_h[:] = 0.0
 
     def on_prefill(self, tokens: np.ndarray, pos0: int) -> None:
-        self.rows.enqueue(tokens, pos0, self.remember(tokens, pos0), spare=1)
-
-    def remember(self, tokens: np.ndarray, pos0: int) -> np.ndarray:
-        """Keep a prompt chunk's rows for waking (asleep, the head decodes none); its h pairs: position
-        pos0+k pairs with the target's h row of pos0+k-1 (pending_h, then this chunk's rows 0..n-2)."""
         n = len(tokens)
         h = self._target_h(n)
-        pairs = np.concatenate([self.pending_h[None, :], h[: n - 1]])
+        # position pos0+k pairs with h row pos0+k-1: pending_h, then this chunk's rows 0..n-2
+        self.rows.enqueue(tokens[:1], pos0, self.pending_h[None, :], spare=1)
+        if n > 1:
+            self.rows.enqueue(tokens[1:], pos0 + 1, h[: n - 1], spare=1)
         np.copyto(self.pending_h, h[n - 1])
-        self.recall.add(tokens, pairs, pos0)
-        return pairs
+        self.recall.add(tokens, h, pos0)
+
+    def remember(self, tokens: np.ndarray, pos0: int) -> None:
+        """Keep a prompt chunk's rows for waking; asleep, the head decodes none, and its pending h row
+        stays that of what it holds (a slot borrowing its rows takes it: DraftRows.lend)."""
+        self.recall.add(tokens, self._target_h(len(tokens)), pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         return alone(self.drafting(id_last, pos, n_max))

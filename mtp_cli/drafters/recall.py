@@ -27,29 +27,35 @@ class Recall:
     def __init__(self, n_embd: int, n_rows: int = RECALL_ROWS):
         self.n_rows = int(n_rows)
         self.tokens = np.zeros(0, dtype=np.int32)
-        self.h = np.zeros((0, int(n_embd)), dtype=np.float32)
+        self.h = np.zeros((0, int(n_embd)), dtype=np.float32)  # row i: the target's h of the position before token i
+        self.h_end = np.zeros(int(n_embd), dtype=np.float32)  # the target's h of end-1: the next token's pair
         self.end = 0  # the position after the last row held
 
     def clear(self) -> None:
         self.tokens, self.h, self.end = self.tokens[:0], self.h[:0], 0
+        self.h_end[:] = 0.0
 
     def cut(self, keep: int) -> None:
         """Drop the rows at positions keep.. (a rewound prompt; those below stay the same text)."""
-        drop = max(0, self.end - max(int(keep), 0))
+        drop = self.end - max(int(keep), 0)
         if drop >= len(self.tokens):
             self.clear()
-        elif drop:
+        elif drop > 0:
+            np.copyto(self.h_end, self.h[len(self.h) - drop])  # (the first dropped row's pair: keep-1's)
             self.tokens, self.h, self.end = self.tokens[:-drop], self.h[:-drop], self.end - drop
 
     def add(self, tokens: Sequence[int] | np.ndarray, h: np.ndarray, pos0: int) -> None:
-        """tokens at pos0.. with the h rows they pair with (row k: the target's h of pos0+k-1); a
-        chunk that does not continue what is held replaces it."""
-        if pos0 != self.end:
+        """A prompt chunk at pos0.. with the target's h rows of the same positions: each token is kept
+        with the h row of the position before it (the first with the last chunk's last, or zeros where
+        the chunk does not continue what is held, which it then replaces)."""
+        if pos0 != self.end or pos0 == 0:
             self.clear()
-        k = self.n_rows
+        n, k = len(tokens), self.n_rows
+        pairs = h[n - 1 - k : n - 1] if n > k else np.concatenate([self.h_end[None, :], h[: n - 1]])
         self.tokens = np.concatenate([self.tokens, np.asarray(tokens[-k:], dtype=np.int32)])[-k:]
-        self.h = np.concatenate([self.h, np.asarray(h[-k:], dtype=np.float32)])[-k:]
-        self.end = int(pos0) + len(tokens)
+        self.h = np.concatenate([self.h, np.asarray(pairs, dtype=np.float32)])[-k:]
+        np.copyto(self.h_end, h[n - 1])
+        self.end = int(pos0) + n
 
     def below(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows to re-read at positions pos-k..pos-1 (at most pos of them)."""

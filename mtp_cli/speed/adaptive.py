@@ -17,7 +17,8 @@ the head drafts one token, the target decodes one token as usual, and only the t
 which is acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
 machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
 found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
-step: a head restarted cold has no history to attend over and judges itself low.
+step: a head restarted with no history judged itself low (it now re-reads the prompt's rows on
+waking, drafters.recall, and needs few).
 
 While off, `sleep` is set: the loop stops calling a drafter that can resume cold (the MTP drafter
 restarts its context at the current position, without the history before it), so an off controller
@@ -55,8 +56,9 @@ CLOSE_CALL = 0.9  # a probe within this of the best is repeated without the budg
 PROBE_STEPS = 4  # a (non-shadow) probe: one warm-up step (graph rebuilds, catch-up), then three timed
 SHADOW_STEPS = 4  # a shadow probe's steps (over RPC one early miss kept an 86% head off for 60 steps)
 HIT_DOUBT = 1.0  # one miss more than seen, where a hit rate decides: one hit in a shadow probe's 4 is no useful head
-# an asleep head follows this many plain steps before a probe (cold, the demo's first draft hit 17%; 54% after 8)
-WARM_STEPS = 8
+# an asleep head follows this many plain steps before a probe (cold, the demo's first draft hit 17%, 54% after
+# 8; re-reading the prompt's rows, 62% at once, and 8 more gave nothing: 16 eval prompts)
+WARM_STEPS = 2
 PROBE_BUDGET = 0.005  # a probe that changes nothing waits until its extra cost is this share of the steps since
 
 
