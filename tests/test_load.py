@@ -381,3 +381,14 @@ def test_the_runner_measures_every_shared_decode_and_drafts_beside_another_exact
         assert prep.ctxs.costs.known() and max(prep.ctxs.costs.measured()) >= 2
         assert shared > 0 and other.n_drafted > 0 and asked and not any(asked)
         assert rec.head_s != 1e-4  # (its drafting steps were timed)
+
+
+def test_a_gated_request_that_never_drafts_keeps_no_prompt_rows():
+    """The gate says what its policy says of waking (DraftPolicy.wakes): a request's draft length of
+    0 (NoDrafts) keeps none of its prompt's rows for a head that will not wake (drafters.recall)."""
+    from mtp_cli.policy import NoDrafts
+
+    g = LoadGate(NoDrafts(2), lambda: (0, 0, 0), measured(gpu), DraftRecord(), lambda: 0.0)
+    assert not g.wakes and g.sleep
+    g, _ = gate(gpu, [(0, 0, 0)])
+    assert g.wakes
