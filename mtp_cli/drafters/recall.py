@@ -5,7 +5,7 @@ and with no history to attend over its first drafts are poor, so the probes that
 drafts at all judge it low. Over RPC the demo head's first draft was right 91% of the time kept in
 step and 56-62% in adaptive's probes, which kept a 1.15x setting off. The prompt's own rows (each
 token with the target's h row of the position before it) cost the target one h-row read per prompt
-chunk: a head remembers the last RECALL_ROWS of them, asleep or awake, and re-reads them on waking,
+chunk that reaches them: a head remembers the last RECALL_ROWS of them, asleep or awake, and re-reads them on waking,
 placed just below the position it wakes at (llama.cpp wants a sequence's positions consecutive), as
 if the text generated while it slept were not there. Draft quality only: drafts are verified.
 """

@@ -21,7 +21,7 @@ step: a head restarted with no history judged itself low (it now re-reads the pr
 waking, drafters.recall, and needs few).
 
 While off, `sleep` is set: the loop stops calling a drafter that can resume cold (the MTP drafter
-restarts its context at the current position, without the history before it), so an off controller
+restarts its context at the current position, with only the prompt's last rows below it), so an off controller
 costs plain decoding plus a counter. Kept in step, an off drafter cost ~1% of a small model's
 decoding (its catch-up rows) and, over RPC, the target's h rows: one more round trip per token, 7%
 at 1 ms and 30% at 5 ms. That bought a probe a head with its whole history, which the warm-up
