@@ -12,9 +12,10 @@ to GAP_MAX while probes change nothing) and, after a probe that changed nothing,
 extra cost is PROBE_BUDGET (0.5%) of the steps since (unless it came within CLOSE_CALL of the best).
 A probe runs the N with the highest optimistic throughput if that beats the best; PROBE_STEPS
 steps, the first untimed (graph rebuilds, catch-up). While drafting is off and the head's
-first-token hit rate is below SHADOW_RATE (or unknown), a probe is SHADOW_STEPS shadow steps instead:
-the head drafts one token, the target decodes one token as usual, and only the two are compared,
-which is acceptance evidence for one head decode. So a useless head costs a shadow step now and then; a
+first-token hit rate is below SHADOW_RATE (or unknown), a probe is up to SHADOW_STEPS shadow steps
+instead (ending once the rest cannot change its verdict): the head drafts one token, the target
+decodes one token as usual, and only the two are compared, which is acceptance evidence for one
+head decode. So a useless head costs a shadow step now and then; a
 machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
 found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
 step: a head restarted with no history judged itself low (it now re-reads the prompt's rows on
@@ -37,7 +38,7 @@ from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
 from mtp_cli.policy import DraftPolicy
-from mtp_cli.speed.evidence import Evidence
+from mtp_cli.speed.evidence import GAMMA_ACC, Evidence
 
 _now = time.perf_counter
 
@@ -46,6 +47,7 @@ WINDOW_ON = 8  # steps between decisions while drafting
 WINDOW_OFF = 128  # steps between decisions while off and no probe is worth it
 WINDOW_START = 4
 GAP_MIN, GAP_MAX = 8, 512  # steps between probes
+GAP_START = 4  # starting off, the first look after this many plain steps (over RPC a 32-token answer: ~12 steps)
 SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below this (or unknown), probes are shadow steps
 PROBE_MARGIN = 1.02
 # a drafting N replaces another as the best only when this much better (over RPC, 2 servers: N = 2 and
@@ -99,7 +101,7 @@ class AdaptiveController(DraftPolicy):
         self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
         self._warm: Optional[int] = None  # the probe an asleep head's warm-up window leads to
         self._climbed = start  # the largest N probed (or started at) so far: probes go at most one past it
-        self._gap = GAP_MIN  # starting off: the first (shadow) probe after 16 steps, 8 of them its warm-up
+        self._gap = GAP_START  # starting off: the first (shadow) probe after GAP_START plain steps and its warm-up
         self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
         self._since = 0  # steps since the last probe
         # step counts are totals over generations: base (completed before this generation) + done
@@ -162,9 +164,20 @@ class AdaptiveController(DraftPolicy):
         if drafted > 0:
             self._nk[drafted] += 1
             self._na[accepted] += 1
-        if self._base + done < self._due:
+        if self._base + done < self._due and not (self.shadow and self._shadow_settled()):
             return self.n
         return self._decide(t_consumer, self._base + done)
+
+    def _shadow_settled(self) -> bool:
+        """The shadow probe's verdict (its hit rate against SHADOW_RATE) is the same whatever its steps
+        left show: it ends now (two hits in two already earn a real probe)."""
+        seen = self._nk[1]
+        left = SHADOW_STEPS - seen
+        if left <= 0 or not seen:
+            return False
+        g = GAMMA_ACC**seen  # (the decay the decision applies)
+        a, d = g * self.ev.A[0] + self._na[1], g * self.ev.D[0] + SHADOW_STEPS + HIT_DOUBT
+        return a / d >= SHADOW_RATE or (a + left) / d < SHADOW_RATE
 
     # -- estimates (the evidence's) ------------------------------------------------------------
 

@@ -9,8 +9,9 @@
 
 Optimistic estimates, for probing: acceptance upper bounds (A+1)/(D+1), which grow back as evidence
 decays (continued geometrically past positions without evidence); for an unmeasured N a cost
-extrapolated at half the measured slope (or shaped by given relative costs), for a measured one its
-cost less COST_DOUBT / sqrt(steps measured).
+interpolated between the measured N on either side (a step's cost grows with N, by less per N the
+more N there are over RPC), else extrapolated at half the measured slope (or shaped by given
+relative costs), for a measured one its cost less COST_DOUBT / sqrt(steps measured).
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ class Evidence:
         j1, c1 = below[-1]
         if self.costs is not None:  # a cost model's shape
             return c1 * self.costs[n] / max(self.costs[j1], 1e-12)
+        above = next(((j, m) for j, m in enumerate(measured) if j > n and m is not None), None)
+        if above is not None:  # (over RPC N = 1 read 1.8x plain and N = 2 2.2x: a line from plain said 1.1x)
+            j2, c2 = above
+            return c1 + (c2 - c1) * (n - j1) / (j2 - j1)
         if len(below) >= 2:
             j0, c0 = below[-2]
             return c1 + SLOPE_OPTIMISM * max((c1 - c0) / (j1 - j0), 0.0) * (n - j1)
