@@ -189,3 +189,24 @@ def test_a_running_lender_gives_the_borrower_the_h_row_before_the_prefix_end(tin
         got = rt._ctx.drafters[("mtp", 1)].pending_h
         assert np.abs(want).sum() > 0 and np.array_equal(got, want)
         runner.close()
+
+
+def test_a_borrowers_head_forgets_the_prompt_rows_of_its_own_last_text(tiny_models, tmp_path):
+    """Sequence 1 last read a prompt exactly as long as the prefix it now borrows: its head's recalled
+    rows (drafters.recall) were that other text's and end where the borrowed prefix ends, so kept
+    they would read as the new prompt's own. They are dropped; it recalls the new prompt's tail only."""
+    kinds = _kinds(tiny_models, tmp_path)
+    cfg = greedy(spec_type="mtp", draft_n_max=3, n_ctx=1024)
+    a, b, n = _prompts(kinds, "glm4moe")
+    with _load(kinds, "glm4moe", 2) as rt:
+        other = (rt.tokenize("zebra yak xylophone walrus " * 12))[:n]
+        assert len(other) == n and other[1:4] != a[1:4]
+        list(rt.generate(other, cfg, seq=1, reuse=True))
+        head = rt._ctx.drafters[("mtp", 1)]
+        assert head.recall.end == n
+        list(rt.generate(a, cfg, seq=0, reuse=True))
+        g = rt.generate(b, cfg, seq=1, reuse=True)
+        list(g)
+        assert g.stats.n_cached == n
+        toks, _ = head.recall.below(len(b))
+        assert [int(t) for t in toks] == b[n:]
