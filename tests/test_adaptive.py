@@ -15,7 +15,7 @@ from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.adaptive import PROBE_BUDGET, PROBE_STEPS, AdaptiveController
+from mtp_cli.speed.adaptive import GAP_START, PROBE_BUDGET, PROBE_STEPS, WARM_STEPS, AdaptiveController
 from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
 from mtp_cli.speed.evidence import COST_DOUBT, Evidence
 from tests.speedkit import FLAT, _profile, greedy, run_cli, tokens
@@ -255,6 +255,29 @@ def test_a_shadow_probe_ends_once_its_verdict_is_settled():
                 break
             k, a = n, 0
         assert seen == shadows and (ctl.n_probes > 0 or n > 0) == real, (hits, seen, ctl.describe())
+
+
+def test_only_a_real_probe_of_an_asleep_head_waits_for_a_warm_up():
+    """A shadow probe asks a 25% hit rate, which a head re-reading the prompt's rows has at once: it
+    starts as the head wakes. A real probe of a sleeping head (its hit rate known) warms it up first."""
+    ctl = AdaptiveController(8, costs=FLAT, measure=False)
+    ctl.begin(0.0)
+    seen = []
+    for done in range(GAP_START + 1):
+        n = ctl.step(0, 0, 0.0, done)
+        seen.append((n, ctl.shadow, ctl._warm))
+    assert seen[:GAP_START] == [(0, False, None)] * GAP_START and seen[GAP_START] == (1, True, None)
+
+    ctl = AdaptiveController(8)  # (costs measured: a probe, not a switch on given costs)
+    ctl.ev.fold([0, 10, 0, 0, 0, 0, 0, 0, 0, 0], [2, 8, 0, 0, 0, 0, 0, 0, 0, 0])  # (8 of 10 first drafts right)
+    ctl.begin(0.0)
+    seen = []
+    for done in range(GAP_START + WARM_STEPS + 1):
+        n = ctl.step(0, 0, 0.0, done)
+        seen.append((n, ctl.sleep, ctl._warm is not None))
+    assert seen[GAP_START - 1] == (0, True, False)
+    assert seen[GAP_START : GAP_START + WARM_STEPS] == [(0, False, True)] * WARM_STEPS  # (awake, in step)
+    assert seen[-1][0] >= 1 and not ctl.shadow and ctl.n_probes == 1
 
 
 def test_an_unmeasured_n_between_two_measured_costs_their_line():

@@ -17,9 +17,9 @@ instead (ending once the rest cannot change its verdict): the head drafts one to
 decodes one token as usual, and only the two are compared, which is acceptance evidence for one
 head decode. So a useless head costs a shadow step now and then; a
 machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
-found again. A probe while the drafter sleeps comes after WARM_STEPS plain steps with the drafter in
-step: a head restarted with no history judged itself low (it now re-reads the prompt's rows on
-waking, drafters.recall, and needs few).
+found again. A real probe while the drafter sleeps comes after WARM_STEPS plain steps with the
+drafter in step: a head restarted with no history judged itself low (it now re-reads the prompt's
+rows on waking, drafters.recall, and needs few); a shadow probe needs none.
 
 While off, `sleep` is set: the loop stops calling a drafter that can resume cold (the MTP drafter
 restarts its context at the current position, with only the prompt's last rows below it), so an off controller
@@ -275,7 +275,9 @@ class AdaptiveController(DraftPolicy):
         probe = self._probe_candidate(thr) if self._since >= max(self._gap, self._wait) else None
         self.shadow = False
         if probe is not None:
-            if self.sleep:  # an asleep head first catches up a few steps: a cold one reads low
+            # an asleep head first catches up a few steps (a cold one reads low), but for a shadow probe: it asks
+            # 25%, and it keeps the head in step for the real probe that may follow
+            if self.sleep and not self._shadow_due(probe):
                 self._warm, self.n = probe, 0
                 return WARM_STEPS
             return self._start_probe(probe)
@@ -291,8 +293,7 @@ class AdaptiveController(DraftPolicy):
         self._probing = 1
         self._since = 0
         self.n = probe
-        hit = self.ev.hit_rate(HIT_DOUBT)
-        if probe and self.best == 0 and (hit is None or hit < SHADOW_RATE):
+        if self._shadow_due(probe):
             self.shadow = True
             self.n = 1
             self.n_shadow += 1
@@ -301,6 +302,10 @@ class AdaptiveController(DraftPolicy):
         self.n_probes += 1
         self._climbed = max(self._climbed, self.n)
         return 1
+
+    def _shadow_due(self, probe: int) -> bool:
+        hit = self.ev.hit_rate(HIT_DOUBT)
+        return bool(probe) and self.best == 0 and (hit is None or hit < SHADOW_RATE)
 
     def _next_window(self, window: int, t_consumer: float, total: int) -> int:
         self._due = total + window
