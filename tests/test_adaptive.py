@@ -280,6 +280,31 @@ def test_only_a_real_probe_of_an_asleep_head_waits_for_a_warm_up():
     assert seen[-1][0] >= 1 and not ctl.shadow and ctl.n_probes == 1
 
 
+def test_a_probe_whose_timed_steps_a_generations_end_dropped_is_timed_again(monkeypatch):
+    """A generation's end drops its partial window's time: a probe timed there measured nothing. It runs
+    its timed steps again (once) in the next generation, instead of counting as a look that found nothing."""
+    clock = [0.0]
+    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
+    ctl = AdaptiveController(8)
+    ctl.ev.add_cost(0, 0.01, 50)
+    ctl.begin(0.0)
+    n, done = 0, 0
+    while not (ctl._probing == 2 and not ctl.shadow):  # up to a real probe's timed steps
+        n = ctl.step(n, n, 0.0, done)
+        if ctl.shadow:
+            ctl.shadow_result(True)
+        clock[0] += 0.01 * (1 + n)
+        done += 1
+    assert n >= 1 and ctl.cost(n) is None
+    ctl.end(done + PROBE_STEPS)  # (the generation ended inside the probe's timed steps)
+    ctl.begin(0.0)
+    assert ctl.step(n, n, 0.0, 0) == n and ctl._probing == 2  # timed again, at the same N
+    for d in range(1, PROBE_STEPS):
+        clock[0] += 0.01 * (1 + n)
+        ctl.step(n, n, 0.0, d)
+    assert ctl.cost(n) == pytest.approx(0.01 * (1 + n))
+
+
 def test_an_unmeasured_n_between_two_measured_costs_their_line():
     """Over RPC (5 ms) plain decoding read 25 ms, N = 2 57 ms and N = 1 was not measured: a line up
     from plain decoding (10% per N) made N = 1 look cheap, and it was probed (46 ms: a loss) before
