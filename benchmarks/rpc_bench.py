@@ -13,9 +13,10 @@ then loads the model there and runs none, mtp at each N, auto (what `--draft aut
 that profile) and adaptive (no profile: one controller learning across the row's generations, as a
 `serve` or `-cnv` session keeps it) interleaved repeat by repeat (medians), and prints tokens/s and
 the ratio to plain decoding in the same row, and adaptive over auto pair by pair (each repeat's two
-runs close in time: the machine's drift falls on both). "in step" is the MTP drafter kept in step but never
-asked to draft: the target computes its h rows every token, over RPC one more round trip (what an
-asleep drafter does not pay: its target computes none). Writes JSON.
+runs close in time: the machine's drift falls on both), beside plain decoding run twice, paired the
+same way (what this machine's noise alone makes of two identical settings). "in step" is the MTP
+drafter kept in step but never asked to draft: the target computes its h rows every token, over
+RPC one more round trip (what an asleep drafter does not pay: its target computes none). Writes JSON.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str
             auto = AutoDraft(rt, Path(profiles_dir)).resolve(replace(mtp, draft_mode="auto"))
             assert auto.mode == "profile", "tune's profile was not found under this row's key"
             ctl = AdaptiveController(ADAPTIVE_N_MAX)
-            settings = [Setting("none", base)]
+            settings = [Setting("none", base), Setting("none again", base)]  # (the row's noise: the same, paired)
             settings += [Setting(setting_name("mtp", n), replace(mtp, draft_n_max=n)) for n in args.n_values]
             settings.append(Setting("auto", auto.config))
             settings.append(
@@ -174,6 +175,9 @@ def run_row(model: Path, devices: list[str], head_local: bool, prompts: list[str
     pairs = [a / b for a, b in zip(res["adaptive"].runs, res["auto"].runs) if b]
     out["adaptive"]["over_auto_pairs"] = [round(x, 3) for x in pairs]
     out["adaptive"]["over_auto"] = round(statistics.median(pairs), 3) if pairs else None
+    same = [a / b for a, b in zip(res["none again"].runs, res["none"].runs) if b]
+    out["none again"]["over_none_pairs"] = [round(x, 3) for x in same]
+    out["none again"]["over_none"] = round(statistics.median(same), 3) if same else None
     return out
 
 
@@ -224,6 +228,8 @@ def main() -> None:
                     ad = r["adaptive"]
                     print(f"    adaptive by repeat {ad['runs']} (x plain's median); best N changes {ad['changes']}")
                     print(f"    adaptive / auto pair by pair {ad['over_auto_pairs']}: median {ad['over_auto']}")
+                    na = r["none again"]
+                    print(f"    none again / none, pair by pair {na['over_none_pairs']}: median {na['over_none']}")
     finally:
         for proc, _ in servers:
             proc.terminate()
