@@ -213,7 +213,8 @@ class VerifyLoop:
         assert prompt is not None
         if not self.asleep or isinstance(d, Chain):  # (a chain's sleeping members skip it)
             d.on_prefill(chunk, self._p0)
-        if self.asleep and self.h_on and self._p0 + len(chunk) > self._recall_from:  # (h rows on for it: fill)
+        # (h rows on for it: fill; batched, another slot's may have turned them on for a chunk this one keeps none of)
+        if self.asleep and self.h_on and self._p0 + len(chunk) > self._recall_from:
             d.remember(chunk, self._p0)
         self._p0 += len(chunk)
         if self._p0 < len(prompt):

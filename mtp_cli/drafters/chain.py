@@ -128,9 +128,10 @@ class Chain(Drafter):
             m.on_prefill(tokens, pos0)
 
     def remember(self, tokens: np.ndarray, pos0: int) -> None:
-        for m in self.parts:
-            if self.sleeping and m.can_sleep and m.remembers:
-                m.remember(tokens, pos0)
+        if self.sleeping:
+            for m in self.parts:
+                if m.can_sleep and m.remembers:
+                    m.remember(tokens, pos0)
 
     def draft(self, id_last: int, pos: int, n_max: int) -> list[int]:
         return alone(self.drafting(id_last, pos, n_max))
