@@ -309,6 +309,7 @@ class AdaptiveController(DraftPolicy):
         return 1
 
     def _shadow_due(self, probe: int) -> bool:
+        """A probe of N = probe would be shadow steps: drafting is off and the head's hit rate is low or unknown."""
         hit = self.ev.hit_rate(HIT_DOUBT)
         return bool(probe) and self.best == 0 and (hit is None or hit < SHADOW_RATE)
 
