@@ -191,6 +191,34 @@ def test_off_and_fewer_drafts_win_unless_beaten_by_more_than_the_noise():
     assert T(off)._pick([off, n1, chain]) is chain
 
 
+@pytest.mark.parametrize(
+    "spec, n, kind",
+    [
+        ("none", 0, "off"),
+        ("mtp", 2, "head"),
+        ("draft-mtp", 1, "head"),
+        ("lookup", 0, "lookup"),
+        ("ngram-mod", 0, "lookup"),
+        ("lookup,mtp", 2, "chain"),
+        ("draft-mtp,ngram-mod", 3, "chain"),
+        ("ngram", 0, "other"),  # (a fixed-N lookup: it drafts the policy's N, as a head does)
+    ],
+)
+def test_a_candidates_kind_comes_from_its_drafters_traits_whatever_the_spelling(spec, n, kind):
+    from mtp_cli.speed.tune import Candidate
+
+    c = Candidate(spec, spec, n)
+    got = (c.off, c.head_alone, c.lookup_alone, c.lookup and c.n > 0)
+    want = {
+        "off": (True, False, False, False),
+        "head": (False, True, False, False),
+        "lookup": (False, False, True, False),
+        "chain": (False, False, False, True),
+        "other": (False, False, False, False),
+    }[kind]
+    assert got == want
+
+
 def test_tune_measures_the_lookup_and_the_chain_and_a_profile_holds_them(models, config_dir):
     """The lookup alone and chained before the head at the best-predicted N are measured beside the
     head; a profile of the chain gives the head its N beside the lookup, one of the lookup alone

@@ -60,11 +60,7 @@ def tune(
         out.print(render.cost_table(res))
     best = res.best
     assert best is not None
-    verdict = (
-        "off: plain decoding is fastest here"
-        if best.spec_type == "none"
-        else f"{best.name}: {best.ratio:.2f}x plain decoding"
-    )
+    verdict = "off: plain decoding is fastest here" if best.off else f"{best.name}: {best.ratio:.2f}x plain decoding"
     out.print(f"[bold]best:[/] {verdict}")
     if res.profile_path is not None and res.profile is not None:
         out.print(

@@ -44,7 +44,21 @@ class Candidate:
     @property
     def lookup(self) -> bool:
         """Whether the text lookup drafts in it (alone, or before the head)."""
-        return "lookup" in self.spec_type.split(",")
+        return any(m.self_sized for m in drafters.members(drafters.get(self.spec_type)))
+
+    @property
+    def off(self) -> bool:
+        """Plain decoding: nothing drafts."""
+        return not drafters.drafting(self.spec_type)
+
+    @property
+    def head_alone(self) -> bool:
+        """The head drafts, at N, with no lookup before it."""
+        return self.n > 0 and not self.lookup
+
+    @property
+    def lookup_alone(self) -> bool:
+        return self.lookup and self.n == 0
 
     def config(self, base: GenConfig, lookup_cap: int = LOOKUP_N_MAX) -> GenConfig:
         """Its generation settings: a lookup drafts up to its cap, the head up to N (its policy's)."""

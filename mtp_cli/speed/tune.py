@@ -80,7 +80,7 @@ class TuneResult:
 
     @property
     def baseline(self) -> Optional[Candidate]:
-        return next((c for c in self.candidates if c.spec_type == "none"), None)
+        return next((c for c in self.candidates if c.off), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -244,7 +244,7 @@ class _Tuner:
         """3. Successive halving; (plain decoding's stats, MTP's by N) from the longest runs of each."""
         plain, by_n = screened[0], {cm.n_max: screened[1]}
         alive = [c for c in self.res.candidates if c.status in ("pending", "baseline")]
-        sec_per_tok = {c.name: t_tok / (c.predicted or (1.0 if c.spec_type == "lookup" else 0.8)) for c in alive}
+        sec_per_tok = {c.name: t_tok / (c.predicted or (1.0 if c.lookup_alone else 0.8)) for c in alive}
         sec_per_tok["off"] = cm.t_ms / 1e3 * cm.plain_cost
         rung, tokens, n_rep = 0, RUNG0_TOKENS, max(1, repeats)
         wall_factor = 1.3  # rung wall time / generation time (prompts, contexts...), measured after each rung
@@ -263,9 +263,9 @@ class _Tuner:
             out, wall_factor = self._rung(alive, rung, tokens, n_rep, wall_factor)
             for c in alive:
                 r = out[c.name]
-                if c.spec_type == "none":
+                if c.off:
                     plain = r.stats
-                elif c.p_min == 0.0 and c.spec_type == "mtp":
+                elif c.p_min == 0.0 and c.head_alone:
                     by_n[c.n] = r.stats
                 c.record(rung, r.runs, r.stats)
                 sec_per_tok[c.name] = 1.0 / max(r.tokens_per_second, 1e-9)
@@ -282,7 +282,7 @@ class _Tuner:
         rest = [c for c in alive if c is not self.off]
         if len(rest) <= 2:
             return False
-        worst = min(rest, key=lambda c: (c.p_min == 0.0, c.spec_type == "lookup", c.predicted or 0.0, -c.n))
+        worst = min(rest, key=lambda c: (c.p_min == 0.0, c.lookup_alone, c.predicted or 0.0, -c.n))
         worst.status = "pruned"
         alive.remove(worst)
         return True
@@ -330,13 +330,11 @@ class _Tuner:
         repeats' spread; a setting that never kept a draft never wins."""
         if not (self.off.tokens_per_second or 0.0) > 0:
             raise MeasureError("could not measure plain decoding (no tokens after the prompt pass); nothing saved")
-        useful = [c for c in last if c.spec_type == "none" or (c.acceptance or 0.0) > 0]
+        useful = [c for c in last if c.off or (c.acceptance or 0.0) > 0]
         top = max(c.tokens_per_second or 0.0 for c in useful)
         noise = max(MIN_NOISE, statistics.median([spread(c.runs) for c in useful]))
         near = [c for c in useful if (c.tokens_per_second or 0.0) >= top * (1 - noise)]
-        return min(
-            near, key=lambda c: (c.spec_type != "none", c.n, c.p_min, not c.lookup, -(c.tokens_per_second or 0.0))
-        )
+        return min(near, key=lambda c: (not c.off, c.n, c.p_min, not c.lookup, -(c.tokens_per_second or 0.0)))
 
     def choose(
         self, cm: CostModel, plain: GenStats, by_n: dict[int, GenStats], save: bool, config_dir: Optional[Path]
