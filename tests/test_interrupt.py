@@ -65,6 +65,35 @@ def test_an_interrupted_file_command_is_one_line_and_130(tiny, tmp_path, monkeyp
     assert r.exit_code == 130 and r.stderr.strip() == "interrupted"
 
 
+def test_ctrl_c_in_clicks_own_lines_around_a_command_is_one_line_and_130(tiny, monkeypatch):
+    """A SIGINT landed while click closed the context after `inspect` ran (under load, in CI): click
+    said "Aborted!" and exit 1. End of input stays click's "Aborted!" and 1; --help and a usage error
+    exit as before."""
+    import click
+
+    leave = click.Context.__exit__
+
+    def interrupted_exit(self, *exc):
+        leave(self, *exc)
+        if self.parent is None and getattr(self, "_depth", 0) == 0:  # (click's main closing the group's)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(click.Context, "__exit__", interrupted_exit)
+    r = CliRunner().invoke(main, ["inspect", str(tiny["full"])])
+    assert r.exit_code == 130 and r.stderr.strip() == "interrupted", (r.exit_code, r.stderr)
+    monkeypatch.setattr(click.Context, "__exit__", leave)
+
+    def end_of_input(*a, **k):
+        raise EOFError
+
+    monkeypatch.setattr(ops, "pack", end_of_input)
+    r = CliRunner().invoke(main, ["pack", str(tiny["trunk"]), "--heads", str(tiny["sidecar"]), "-o", "x.gguf"])
+    assert r.exit_code == 1 and r.stderr.strip() == "Aborted!", (r.exit_code, r.stderr)
+    assert CliRunner().invoke(main, ["--help"]).exit_code == 0
+    r = CliRunner().invoke(main, ["inspect", "--no-such-flag"])
+    assert r.exit_code == 2 and "No such option" in r.stderr
+
+
 _IMPORT_HOOK = """
 import builtins, sys
 real, target = builtins.__import__, sys.argv[1]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import click
 from rich.logging import RichHandler
@@ -83,10 +84,36 @@ def interrupted() -> None:
 
 
 class MtpGroup(click.Group):
-    """The group; Ctrl-C while parsing or in the group's own callback is one line and 130 too
-    (click's default is "Aborted!" and 1)."""
+    """The group; Ctrl-C while parsing, in the group's own callback or in click's own lines around
+    them (entering and closing the context) is one line and 130 too (click's default is "Aborted!"
+    and 1)."""
 
     command_class = MtpCommand
+
+    def main(
+        self,
+        args: Optional[Sequence[str]] = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """click's main; standalone, what click would report is reported here, an interrupt as one."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)  # (an Exit's code, or None)
+        except click.Abort as e:
+            if isinstance(e.__cause__, KeyboardInterrupt):
+                interrupted()
+            click.echo("Aborted!", err=True)  # (end of input at a prompt)
+            sys.exit(1)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            interrupted()
+        sys.exit(code if isinstance(code, int) else 0)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
@@ -95,9 +122,9 @@ class MtpGroup(click.Group):
             interrupted()
             raise
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> None:
         try:
-            return super().invoke(ctx)
+            super().invoke(ctx)  # (a command's return value is no exit code: main)
         except KeyboardInterrupt:
             interrupted()
 
