@@ -1,14 +1,23 @@
-"""mtp-cli against llama.cpp's own C++ loops on the same file and prompts: plain decoding and MTP.
+"""mtp-cli against llama.cpp's own C++ loops on the same file and prompts: plain decoding, MTP, and
+the head chained after a text lookup.
 
-    python benchmarks/vs_llama_cpp.py [-m MODEL] [--prompts N] [-n 128] [--repeats 3] [-t 1] [--json out.json]
+    python benchmarks/vs_llama_cpp.py [-m MODEL] [--prompts N] [-n 128] [--repeats 3] [-t 1]
+                                      [--chain] [--edit] [--json out.json]
 
 llama.cpp's `llama-completion` (plain) and `llama-speculative-simple` (`--spec-type draft-mtp
 --spec-draft-n-max N`) are built once from the vendored sources of the pinned llama-cpp-python
 (its sdist, with the same compiler fix scripts/llama_build.py applies) into the user cache. Both
-sides get the same chat-rendered prompts (equal token counts, checked), greedy, the same threads;
+sides get the same chat-rendered prompts (each tokenizes the text itself), greedy, the same threads;
 mtp-cli runs in this process through the library. Interleaved repeats, medians; per N: tok/s,
 ours/theirs, acceptance, tokens per pass, per-position acceptance (llama.cpp's from its per-step
-debug lines), and whether the greedy texts are identical. Not run in CI.
+debug lines), and on how many prompts each side's drafted greedy text is its plain decoding's (the
+plain texts of the two sides compared too). Not run in CI.
+
+--chain adds `--spec-type ngram-mod` (the text lookup alone) and `draft-mtp,ngram-mod` at each N on
+both sides, each with its own defaults for the lookup: llama.cpp's ngram-mod drafts 48-64 tokens or
+nothing; ours (`ngram-mod` is our `lookup`) drafts what pays, up to `auto`'s cap, the head at N.
+--edit takes the edit benchmark's prompts (benchmarks/edit_prompts.json: copy, fix, rename, ...),
+where lookups draft, instead of the held-out chat prompts.
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ sys.path.insert(0, str(ROOT))
 PIN = "llama-cpp-python==0.3.36"
 TARGETS = ("llama-completion", "llama-speculative-simple")
 EVAL = ROOT / "mtp_cli" / "train" / "prompts" / "eval_prompts.txt"
+EDIT = ROOT / "benchmarks" / "edit_prompts.json"
+CHAIN = "draft-mtp,ngram-mod"  # llama.cpp's spelling, which both sides take
+LOOKUP = "ngram-mod"
 
 
 def _llama_build():
@@ -44,9 +56,12 @@ def binaries(cache: Path) -> Path:
     return _llama_build().build_tools(TARGETS, cache)
 
 
-def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int, fa: str = "on") -> dict:
-    """One llama.cpp run: what it printed, tok/s, and for MTP the per-step (accepted, drafted). The
-    prompt goes as -p: -f drops a file's final newline (and a chat prompt ends with one)."""
+def theirs(
+    bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: int, fa: str = "on", spec: str = "draft-mtp"
+) -> dict:
+    """One llama.cpp run: what it printed, tok/s, and for MTP (`spec`: a spec type or a chain) the
+    per-step (accepted, drafted). The prompt goes as -p: -f drops a file's final newline (and a chat
+    prompt ends with one)."""
     common = [
         "-m",
         str(model),
@@ -68,7 +83,7 @@ def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: in
         fa,
     ]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
-    if n_max == 0:
+    if spec == "none":
         cmd = [str(bins / "llama-completion"), *common, "-no-cnv", "--no-display-prompt"]
         r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=600)
         # its perf lines time the decodes ("eval") and the sampler apart; ours is the loop's wall time,
@@ -83,11 +98,8 @@ def theirs(bins: Path, model: Path, prompt: str, n: int, n_max: int, threads: in
         str(bins / "llama-speculative-simple"),
         *common,
         "--spec-type",
-        "draft-mtp",
-        "--spec-draft-n-max",
-        str(n_max),
-        "--spec-draft-n-min",
-        "0",
+        spec,
+        *(["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0"] if n_max else []),
         "-v",
     ]
     # (-v prints each token's piece: a UTF-8 character split across pieces is not valid alone)
@@ -108,49 +120,75 @@ def by_position(steps: list[tuple[int, int]], n_max: int) -> list[float]:
     return out
 
 
-def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ns: list[int]) -> dict:
+Row = tuple[str, int]  # (spec type: "none", "draft-mtp", LOOKUP or CHAIN; the head's N, 0 without one)
+
+
+def ours_config(a: argparse.Namespace, spec: str, n: int):
+    """Our settings for a row: the head at N; in the chain, the lookup up to `auto`'s cap beside it
+    (as `auto` runs a tuned chain: a fixed policy sizes the head)."""
+    from mtp_cli.config import GenConfig
+    from mtp_cli.policy import DraftPolicy
+    from mtp_cli.speed.auto import LOOKUP_N_MAX
+
+    cap = max(n, LOOKUP_N_MAX) if spec in (CHAIN, LOOKUP) else max(n, 1)
+    cfg = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, spec_type=spec,
+                    draft_n_max=cap, flash_attn=a.flash_attn == "on")  # fmt: skip
+    return cfg, (DraftPolicy(n) if spec == CHAIN else None)
+
+
+def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], rows_: list[Row]) -> dict:
     """Ours (the library, this process) and theirs (a process each), interleaved: tok/s, texts, stats."""
     from mtp_cli import chat
-    from mtp_cli.config import GenConfig
     from mtp_cli.runtime import Runtime
 
-    rows: dict[int, dict[str, list]] = {n: {"ours": [], "theirs": [], "same": [], "st_o": [], "st_t": []} for n in ns}
+    keys = ("ours", "theirs", "text_o", "text_t", "st_o", "st_t")
+    rows: dict[Row, dict[str, list]] = {x: {k: [] for k in keys} for x in rows_}
     with Runtime.load(model, spec_type="mtp") as rt:
         bos, eos = rt.special_texts()
         rendered = [chat.chat_prompt(rt.file, t, bos, eos) for t in texts]
         toks = [rt.tokenize(t, add_special=True, parse_special=True) for t in rendered]
         for r in range(a.repeats):
-            for n in ns if r % 2 == 0 else list(reversed(ns)):
+            for x in rows_ if r % 2 == 0 else list(reversed(rows_)):
+                spec, n = x
+                cfg, policy = ours_config(a, spec, n)
                 for text, tk in zip(rendered, toks):
-                    spec = "mtp" if n else "none"
-                    cfg = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, spec_type=spec,
-                                    draft_n_max=max(n, 1), flash_attn=a.flash_attn == "on")  # fmt: skip
-                    ours_text = "".join(ev.text for ev in rt.generate(tk, cfg))
+                    ours_text = "".join(ev.text for ev in rt.generate(tk, cfg, policy=policy))
                     st = rt.stats
-                    t = theirs(bins, model, text, a.n, n, a.threads, a.flash_attn)
-                    rows[n]["ours"].append(st.tokens_per_second)
-                    rows[n]["theirs"].append(t["tps"])
-                    rows[n]["same"].append(ours_text in t["text"])  # (llama.cpp prints the prompt first)
+                    t = theirs(bins, model, text, a.n, n, a.threads, a.flash_attn, spec)
+                    rows[x]["ours"].append(st.tokens_per_second)
+                    rows[x]["theirs"].append(t["tps"])
                     if r == 0:
-                        rows[n]["st_o"].append(st)
-                        rows[n]["st_t"].extend(t["steps"])
+                        rows[x]["text_o"].append(ours_text)
+                        rows[x]["text_t"].append(t["text"])
+                        rows[x]["st_o"].append(st)
+                        rows[x]["st_t"].extend(t["steps"])
     return rows
 
 
-def row(n: int, r: dict) -> dict:
-    """One N's medians, ratio, acceptance (pooled over the first repeat's prompts), texts."""
+def row(x: Row, r: dict, plain: list[str]) -> dict:
+    """One row's medians, ratio, acceptance (pooled over the first repeat's prompts), and the prompts
+    whose text is plain decoding's (`plain`: ours; llama.cpp prints the prompt before its text)."""
     from mtp_cli.stats import GenStats
 
+    spec, n = x
     o, t = statistics.median(r["ours"]), statistics.median(r["theirs"])
-    out = {"n": n, "ours": o, "theirs": t, "same_text": all(r["same"])}
-    if n:
+    out = {
+        "spec": spec,
+        "n": n,
+        "ours": o,
+        "theirs": t,
+        "exact_ours": sum(a == p for a, p in zip(r["text_o"], plain)),
+        "exact_theirs": sum(p in b for b, p in zip(r["text_t"], plain)),
+        "prompts": len(plain),
+    }
+    if spec != "none":
         pooled, steps = GenStats.pooled(r["st_o"]), r["st_t"]
         out |= {
             "acceptance": pooled.acceptance,
             "acceptance_theirs": sum(x for x, _ in steps) / max(1, sum(k for _, k in steps)),
             "tokens_per_pass": pooled.tokens_per_pass,
-            "by_pos": pooled.acceptance_by_pos,
-            "by_pos_theirs": by_position(steps, n),
+            "by_pos": pooled.acceptance_by_pos[: max(n, 1)],  # (a lookup drafts further: the head's N)
+            "by_pos_theirs": by_position(steps, max(n, 1)),
         }
     return out
 
@@ -163,6 +201,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--ns", default="1,2,3,4")
+    ap.add_argument("--chain", action="store_true", help=f"also `{LOOKUP}` and `{CHAIN}` at each N, both sides")
+    ap.add_argument("--edit", action="store_true", help="the edit benchmark's prompts instead of held-out chat")
     ap.add_argument(
         "--flash-attn", choices=("on", "off"), default="on", help="both sides (on: llama.cpp's default on a CPU)"
     )
@@ -174,17 +214,27 @@ def main() -> None:
     from mtp_cli.user_cache import cache_dir
 
     model = a.model or demo_model()
-    ns = [0] + [int(x) for x in a.ns.split(",")]
-    texts = read_prompts(EVAL)[: a.prompts]
-    rows = measure(a, model, binaries(cache_dir()), texts, ns)
-    print(f"{model.name}; {len(texts)} held-out chat prompts, {a.n} tokens, greedy, -t {a.threads}, "
+    ns = [int(x) for x in a.ns.split(",")]
+    specs = ["draft-mtp", CHAIN] if a.chain else ["draft-mtp"]
+    rows_: list[Row] = [("none", 0)] + [(s, n) for s in specs for n in ns]
+    if a.chain:
+        rows_.insert(1, (LOOKUP, 0))
+    if a.edit:
+        texts = [p["prompt"] for p in json.loads(EDIT.read_text())["prompts"]][: a.prompts]
+    else:
+        texts = read_prompts(EVAL)[: a.prompts]
+    rows = measure(a, model, binaries(cache_dir()), texts, rows_)
+    what = "edit" if a.edit else "held-out chat"
+    print(f"{model.name}; {len(texts)} {what} prompts, {a.n} tokens, greedy, -t {a.threads}, "
           f"{a.repeats} interleaved repeats (medians)")  # fmt: skip
     print(f"{'':10} {'ours t/s':>9} {'theirs':>9} {'ratio':>6}  {'acc ours':>8} {'theirs':>7}  {'tok/pass':>8}  "
-          "by position (ours | theirs)  same text")  # fmt: skip
-    result = [row(n, rows[n]) for n in ns]
+          "by position (ours | theirs)  plain's text (ours | theirs)")  # fmt: skip
+    result = [row(x, rows[x], rows[("none", 0)]["text_o"]) for x in rows_]
     for x in result:
-        label, same = ("plain" if x["n"] == 0 else f"mtp N={x['n']}"), "yes" if x["same_text"] else "NO"
-        if x["n"] == 0:
+        kind = "chain" if x["spec"] == CHAIN else "mtp"
+        label = {"none": "plain", LOOKUP: "lookup"}.get(x["spec"], f"{kind} N={x['n']}")
+        same = f"{x['exact_ours']}/{x['prompts']} | {x['exact_theirs']}/{x['prompts']}"
+        if x["spec"] == "none":
             print(f"{label:10} {x['ours']:9.1f} {x['theirs']:9.1f} {x['ours'] / x['theirs']:6.3f}  {'':55}{same}")
             continue
         pos = " ".join(f"{p:.2f}" for p in x["by_pos"]) + " | " + " ".join(f"{p:.2f}" for p in x["by_pos_theirs"])
