@@ -165,21 +165,28 @@ def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ro
     return rows
 
 
-def row(x: Row, r: dict, plain: list[str]) -> dict:
+def plain_text(completion: str) -> str:
+    """What llama-completion generated (its stdout, less the end-of-generation line it adds)."""
+    return completion.split(" [end of text]")[0]
+
+
+def row(x: Row, r: dict, plain: dict) -> dict:
     """One row's medians, ratio, acceptance (pooled over the first repeat's prompts), and the prompts
-    whose text is plain decoding's (`plain`: ours; llama.cpp prints the prompt before its text)."""
+    whose text is each side's own plain decoding's (`plain`: the plain row's; llama.cpp prints the
+    prompt before its drafted text; for the plain row itself, ours against theirs)."""
     from mtp_cli.stats import GenStats
 
     spec, n = x
     o, t = statistics.median(r["ours"]), statistics.median(r["theirs"])
+    ours_plain, theirs_plain = plain["text_o"], [plain_text(b) for b in plain["text_t"]]
     out = {
         "spec": spec,
         "n": n,
         "ours": o,
         "theirs": t,
-        "exact_ours": sum(a == p for a, p in zip(r["text_o"], plain)),
-        "exact_theirs": sum(p in b for b, p in zip(r["text_t"], plain)),
-        "prompts": len(plain),
+        "exact_ours": sum(a == p for a, p in zip(r["text_o"], ours_plain)),
+        "exact_theirs": sum(p in b for b, p in zip(r["text_t"], ours_plain if spec == "none" else theirs_plain)),
+        "prompts": len(ours_plain),
     }
     if spec != "none":
         pooled, steps = GenStats.pooled(r["st_o"]), r["st_t"]
@@ -215,6 +222,8 @@ def main() -> None:
 
     model = a.model or demo_model()
     ns = [int(x) for x in a.ns.split(",")]
+    if min(ns) < 1:
+        raise SystemExit(f"--ns: the head's N must be 1 or more, got {a.ns!r} (plain decoding is always measured)")
     specs = ["draft-mtp", CHAIN] if a.chain else ["draft-mtp"]
     rows_: list[Row] = [("none", 0)] + [(s, n) for s in specs for n in ns]
     if a.chain:
@@ -229,7 +238,7 @@ def main() -> None:
           f"{a.repeats} interleaved repeats (medians)")  # fmt: skip
     print(f"{'':10} {'ours t/s':>9} {'theirs':>9} {'ratio':>6}  {'acc ours':>8} {'theirs':>7}  {'tok/pass':>8}  "
           "by position (ours | theirs)  plain's text (ours | theirs)")  # fmt: skip
-    result = [row(x, rows[x], rows[("none", 0)]["text_o"]) for x in rows_]
+    result = [row(x, rows[x], rows[("none", 0)]) for x in rows_]
     for x in result:
         kind = "chain" if x["spec"] == CHAIN else "mtp"
         label = {"none": "plain", LOOKUP: "lookup"}.get(x["spec"], f"{kind} N={x['n']}")

@@ -98,7 +98,8 @@ class MtpGroup(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        """click's main; standalone, what click would report is reported here, an interrupt as one."""
+        """click's main; standalone, what click would report is reported here, an interrupt as one
+        line and 130. Not standalone, as click's, but a command's return value is not returned (None)."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         try:

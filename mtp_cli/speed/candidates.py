@@ -53,7 +53,7 @@ class Candidate:
 
     @property
     def head_alone(self) -> bool:
-        """The head drafts, at N, with no lookup before it."""
+        """The policy's drafter (tune's: the head) drafts, at N, with no self-sized lookup before it."""
         return self.n > 0 and not self.lookup
 
     @property
