@@ -124,16 +124,14 @@ Row = tuple[str, int]  # (spec type: "none", "draft-mtp", LOOKUP or CHAIN; the h
 
 
 def ours_config(a: argparse.Namespace, spec: str, n: int):
-    """Our settings for a row: the head at N; in the chain, the lookup up to `auto`'s cap beside it
-    (as `auto` runs a tuned chain: a fixed policy sizes the head)."""
+    """Our settings for a row, as tune's candidate of that spec and N runs them: the head at N, a
+    lookup up to `auto`'s cap beside it (a fixed policy sizes the head)."""
     from mtp_cli.config import GenConfig
-    from mtp_cli.policy import DraftPolicy
-    from mtp_cli.speed.auto import LOOKUP_N_MAX
+    from mtp_cli.speed.candidates import Candidate
 
-    cap = max(n, LOOKUP_N_MAX) if spec in (CHAIN, LOOKUP) else max(n, 1)
-    cfg = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, spec_type=spec,
-                    draft_n_max=cap, flash_attn=a.flash_attn == "on")  # fmt: skip
-    return cfg, (DraftPolicy(n) if spec == CHAIN else None)
+    c = Candidate(spec, spec, n)
+    base = GenConfig(n_predict=a.n, temp=0.0, n_threads=a.threads, n_ctx=2048, flash_attn=a.flash_attn == "on")
+    return c.config(base), c.policy()
 
 
 def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], rows_: list[Row]) -> dict:
