@@ -164,8 +164,9 @@ def measure(a: argparse.Namespace, model: Path, bins: Path, texts: list[str], ro
 
 
 def plain_text(completion: str) -> str:
-    """What llama-completion generated (its stdout, less the end-of-generation line it adds)."""
-    return completion.split(" [end of text]")[0]
+    """What llama-completion generated: its stdout less the end-of-generation line and the blank lines
+    it adds (where -n stops it, llama-speculative-simple's text goes on: a token more)."""
+    return completion.split(" [end of text]")[0].rstrip("\n")
 
 
 def row(x: Row, r: dict, plain: dict) -> dict:
