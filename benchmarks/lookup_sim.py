@@ -89,10 +89,8 @@ def measure_v(rt: Runtime, prompt: list[int], threads: int, rounds: int = 4, blo
 
 
 class OneRate(LookupDrafter):
-    def odds(self, length: int) -> tuple[float, float]:
-        from mtp_cli.drafters.lookup import bucket
-
-        b = bucket(length)
+    def odds(self, length: int, start: int) -> tuple[float, float]:
+        b = self.record(length, start)
         (k1, f1), (k2, f2) = self.first[b], self.later[b]
         a = (k1 + k2) / (k1 + f1 + k2 + f2)
         return a, a

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mtp_cli.config import GenConfig
-from mtp_cli.drafters.lookup import MATCH_CAP, LookupDrafter, bucket
+from mtp_cli.drafters.lookup import MATCH_CAP, LookupDrafter
 from mtp_cli.runtime import Runtime
 from mtp_cli.step_costs import PRIOR_FIRST, PRIOR_SLOPE, StepCosts
 from tests.factory import TinySpec, token_permutation
@@ -146,27 +146,51 @@ def test_the_track_record_stops_drafting_from_matches_that_fail():
     costs = moderate()
     text = [4, 5, 6, 7, 1, 4, 5]  # "4 5" -> 6 7 ...
     d = _drafter(costs, text)
-    b = bucket(2)
-    p0 = d.odds(2)[0]
+    b = d.record(2, 0)  # (a copy of the prompt)
+    p0 = d.odds(2, 0)[0]
     assert d.draft(5, 6, 8)  # the prior (Laplace: 3/4 after 2 agreeing tokens) drafts
     for _ in range(12):  # every such draft fails at once
         d._bucket, d._proposed = b, [6]
         d.accept(0, [6])
-    assert d.odds(2)[0] < p0 / 2
+    assert d.odds(2, 0)[0] < p0 / 2
     d.begin(text[:-1])
     assert d.draft(5, 6, 8) == []  # a plain step promises more now
-    assert min(d.odds(MATCH_CAP)) > 0.9  # (other buckets keep their own record)
+    assert min(d.odds(MATCH_CAP, 0)) > 0.9  # (other buckets keep their own record)
+
+
+def test_copies_from_the_output_keep_a_record_apart_from_the_prompts():
+    """In edit work the prompt holds the text copied; the model's own phrasing coming round again is
+    another matter: copies of the output failing says nothing about copies of the prompt."""
+    d = LookupDrafter(moderate())
+
+    def output_copy() -> list[int]:
+        d.begin([4, 5, 6, 7, 1])
+        for t in (8, 9, 3, 8):
+            assert d.draft(t, 0, 0) == []  # (the output so far, nothing asked)
+        return d.draft(9, 9, 8)
+
+    out = output_copy()
+    assert out[:3] == [3, 8, 9] and d.match() == (2, 7)  # (a copy of the output's own "8 9 3")
+    assert d.record(2, 7) != d.record(2, 2) and d.odds(2, 7) == d.odds(2, 2)  # (apart, the same prior)
+    for _ in range(12):  # every such copy fails at once
+        d._bucket, d._proposed = d.record(2, 7), out
+        d.accept(0, out)
+    assert d.odds(2, 7)[0] < d.odds(2, 2)[0] / 2
+    assert output_copy() == []
+    d.begin([4, 5, 6, 7, 1, 4])
+    assert d.draft(5, 6, 8)[:2] == [6, 7] and d.match()[1] == 2  # the prompt's copies still drafted
 
 
 def test_a_copy_that_starts_right_is_expected_to_go_on():
     """First tokens that fail half the time, later ones that hold: the record keeps them apart, and
     the drafts grow longer than one rate for both would make them."""
     d = LookupDrafter(moderate())
-    b = bucket(4)
+    d.begin([1] * 8)
+    b = d.record(4, 0)  # (a copy of the prompt)
     for i in range(40):
         d._bucket, d._proposed = b, [1] * 6
         d.accept(0 if i % 2 else 6, [1] * 6)  # half fail at once, half are kept whole
-    p, alpha = d.odds(4)
+    p, alpha = d.odds(4, 0)
     assert 0.4 < p < 0.6 and alpha > 0.9
     one_rate = d.length(0.75, 0.75, 16)  # (about the geometric rate of the same record)
     assert d.length(p, alpha, 16) > one_rate
@@ -198,8 +222,8 @@ def test_only_its_own_verified_drafts_go_into_its_record():
     """Drafts it proposed but the loop discarded (--spec-draft-n-min), or another member's in a
     chain, say nothing about its matches."""
     d = _drafter(moderate(), [4, 5, 6, 7, 1, 4, 5])
-    before = d.odds(2)
+    before = d.odds(2, 0)
     assert d.draft(5, 6, 8)
     d.accept(0, [9, 9])  # (the head's drafts, verified in its place)
     d.accept(0, [])  # (its own, discarded)
-    assert d.odds(2) == before
+    assert d.odds(2, 0) == before

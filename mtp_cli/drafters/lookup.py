@@ -5,12 +5,16 @@ Per step: the longest match of the text's end with an earlier place (every earli
 last `ngram_min` tokens among the most recent CANDIDATES, extended backwards up to MATCH_CAP
 tokens), and what followed it there. The copy's first token is kept with probability p, each later
 one (the one before it kept) with probability alpha: the track record of copies from matches of that
-length (decayed counts of kept and failed tokens, first and later apart, per doubling of the match
-length), starting from Laplace's rule of succession (after L agreeing tokens the next agrees with
-probability (L+1)/(L+2)). A copy ends before an end-of-generation token: nothing after one is ever
-generated, and the target gives it as its own next token anyway (a prompt's template suffix after a
-quoted block would otherwise be drafted long, and wrong). The first token is the risky one: where a
-short match goes wrong it goes wrong at once, and a copy that started right tends to go on. The
+length and source (decayed counts of kept and failed tokens, first and later apart, per doubling of
+the match length, copies of the prompt and of the output apart), starting from Laplace's rule of
+succession (after L agreeing tokens the next agrees with probability (L+1)/(L+2)). A copy ends
+before an end-of-generation token: nothing after one is ever generated, and the target gives it as
+its own next token anyway (a prompt's template suffix after a quoted block would otherwise be
+drafted long, and wrong). The first token is the risky one: where a short match goes wrong it goes
+wrong at once, and a copy that started right tends to go on. Where the copy comes from matters as
+much: in edit work the prompt holds the text being copied, while a short match in the model's own
+output is its phrasing coming round again (a list of the changes made, say); on the edit prompts
+such a copy's first token failed 63% of the time, against 26% for a short match in the prompt. The
 draft length d maximizes the tokens a verify pass then gives, 1 + p (1 + alpha + ... + alpha^(d-1)),
 over what it costs, v(d) (mtp_cli.step_costs: measured here); no draft unless that beats a plain
 step. So a long verbatim run drafts long, a short or unreliable match drafts little or nothing, and
@@ -31,7 +35,7 @@ from mtp_cli.step_costs import StepCosts
 
 CANDIDATES = 8  # earlier occurrences of the key looked at (the most recent)
 MATCH_CAP = 64  # tokens a match is extended backwards at most
-BUCKETS = 6  # track records by match length: [2,4), [4,8), ... [64, ...)
+BUCKETS = 6  # track records by match length: [2,4), [4,8), ... [64, ...); for each source (prompt, output)
 PRIOR_WEIGHT = 4.0  # pseudo-counts of the prior per bucket
 DECAY = 0.98  # a bucket's counts shrink by this at each of its new records: the workload changes
 # a draft must promise this much more than a plain step: its real cost has what v(d) leaves out (a
@@ -57,10 +61,11 @@ class LookupDrafter(Drafter):
         self.stop = frozenset(int(t) for t in stop)  # a copy ends before these (end of generation)
         self.hist: list[int] = []
         self.index: dict[tuple[int, ...], deque[int]] = {}
-        b = [1 << i for i in range(1, BUCKETS + 1)]  # each bucket's shortest match
+        b = [1 << i for i in range(1, BUCKETS + 1)] * 2  # each bucket's shortest match: from the prompt, the output
         # [kept, failed] per bucket: the first token of a copy, and a later one (the one before kept)
         self.first = [[PRIOR_WEIGHT * (L + 1) / (L + 2), PRIOR_WEIGHT / (L + 2)] for L in b]
         self.later = [[PRIOR_WEIGHT * (L + 2) / (L + 3), PRIOR_WEIGHT / (L + 3)] for L in b]
+        self.n_prompt = 0  # where the output starts in hist
         self._bucket: Optional[int] = None  # the bucket of this step's draft
         self._proposed: list[int] = []  # its drafts of this step, as it proposed them
 
@@ -80,6 +85,7 @@ class LookupDrafter(Drafter):
         self.hist, self.index = [], {}
         for t in prompt:
             self._push(int(t))
+        self.n_prompt = len(self.hist)
 
     def resume(self, prompt: Sequence[int], keep: int, asleep: bool, rewound: bool) -> None:
         self.begin(prompt)  # (the index is the prompt's: rebuilt, the track record kept)
@@ -109,9 +115,14 @@ class LookupDrafter(Drafter):
                 best_len, best = L, start
         return best_len, best
 
-    def odds(self, length: int) -> tuple[float, float]:
-        """(p, alpha) for a copy from a match of this length: its first token kept, a later one kept."""
-        b = bucket(length)
+    def record(self, length: int, start: int) -> int:
+        """The track record of a copy from a match of this length whose copy starts at hist[start]."""
+        return bucket(length) + (BUCKETS if start >= self.n_prompt else 0)
+
+    def odds(self, length: int, start: int) -> tuple[float, float]:
+        """(p, alpha) for a copy from a match of this length, starting at hist[start]: its first token
+        kept, a later one kept."""
+        b = self.record(length, start)
         (k1, f1), (k2, f2) = self.first[b], self.later[b]
         return k1 / (k1 + f1), k2 / (k2 + f2)
 
@@ -144,9 +155,9 @@ class LookupDrafter(Drafter):
             if t in self.stop:
                 break
             out.append(t)
-        d = self.length(*self.odds(L), len(out))
+        d = self.length(*self.odds(L, start), len(out))
         if d:
-            self._bucket, self._proposed = bucket(L), out[:d]
+            self._bucket, self._proposed = self.record(L, start), out[:d]
         return out[:d]
 
     def accept(self, n_accepted: int, drafts: Sequence[int]) -> None:
