@@ -4,6 +4,7 @@ refusals, output equal to plain decoding, and every member kept in step by the s
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from mtp_cli.drafters.lookup import LookupDrafter
 from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.drafters.ngram import NgramDrafter
 from mtp_cli.errors import ConfigError
-from mtp_cli.loop import VerifyLoop
+from mtp_cli.loop import UNTIMED_AFTER_LOOKUP, UNTIMED_AFTER_PROMPT, VerifyLoop
 from mtp_cli.policy import DraftPolicy
 from mtp_cli.runtime import Runtime
 from tests.factory import TinySpec, token_permutation
@@ -153,6 +154,56 @@ def test_a_head_woken_after_a_lookup_step_pairs_with_the_kept_draft_row(tiny_mod
         cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
         assert [ev.token for ev in rt.generate(prompt, cfg, policy=_Blink(4))] == run(rt, prompt, greedy(n_predict=40))
     assert woke and woke[0][0] >= 1 and woke[0][1], woke
+
+
+class _Told(DraftPolicy):
+    """Drafting on throughout; what the loop tells it, in order."""
+
+    def __init__(self, n_max: int):
+        super().__init__(n_max)
+        self.log: list[tuple[str, float]] = []
+
+    def step(self, drafted: int, accepted: int, t_consumer: float, done: int) -> int:
+        self.log.append(("step", done))
+        return self.n_max
+
+    def foreign(self, seconds: float) -> None:
+        self.log.append(("foreign", seconds))
+
+    def end(self, done: int) -> None:
+        self.log.append(("end", done))
+
+
+def test_the_policy_times_neither_a_lookups_step_nor_the_first_after_another_decode(tiny_models, monkeypatch):
+    """A lookup's step is not the head's policy's to time, nor are the first steps after it or after
+    the prompt (a plain step right after a big batch runs slow): those are told as foreign steps,
+    without the time the consumer took over their tokens."""
+    s = tiny_models("glm4moe", head_noise=0.0)
+    by_lookup: list[bool] = []
+    real = Chain.drafting_each
+
+    def spy(self, id_last, pos, n_for, n_min=1):
+        out = yield from real(self, id_last, pos, n_for, n_min)
+        by_lookup.append(bool(out) and isinstance(self.proposer, LookupDrafter))
+        return out
+
+    monkeypatch.setattr(Chain, "drafting_each", spy)
+    pol = _Told(4)
+    cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
+    with Runtime.load(s["full"], spec_type="lookup,mtp") as rt:
+        for _ in rt.generate(_cycle_prompt(rt), cfg, policy=pol):
+            time.sleep(0.05)  # (a slow consumer: none of its time is a step's)
+    told, seconds = set(), []
+    for i, (kind, x) in enumerate(pol.log):  # (a step's report comes before the next step's call, or end's)
+        if kind == "foreign":
+            told.add(int(pol.log[i + 1][1]) - 1)
+            seconds.append(x)
+    n = len(by_lookup)
+    assert pol.log[-1] == ("end", n) and any(by_lookup)
+    lookups = {j for j, b in enumerate(by_lookup) if b}
+    after = {j + i for j in lookups for i in range(1, UNTIMED_AFTER_LOOKUP + 1)}
+    assert told == (set(range(UNTIMED_AFTER_PROMPT)) | lookups | after) & set(range(n)) and len(told) < n
+    assert max(seconds) < 0.05
 
 
 @pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])
