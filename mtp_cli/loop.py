@@ -40,17 +40,12 @@ from mtp_cli.drafters.joint import alone
 from mtp_cli.drafters.recall import RECALL_ROWS
 from mtp_cli.errors import LlamaError
 from mtp_cli.memory import Held, Reuse
-from mtp_cli.policy import DraftPolicy
+from mtp_cli.policy import DraftPolicy, StepClock
 from mtp_cli.sampling import Chooser, DraftSteer, Probs, VerifySampled
 from mtp_cli.stats import GenStats, Source, StopReason, TokenEvent
 from mtp_cli.step_costs import StepCosts
 
 _now = time.perf_counter
-
-# steps after the prompt's last chunk, and after a lookup's pass, left out of the policy's timing: a plain
-# step after a big batch runs slow for a few steps (the demo on a 2-vCPU Xeon: +59%, +37%, +28%, +23%,
-# +12% after a prompt; +28% after a lookup's pass), so N = 0 timed at a generation's start read dear
-UNTIMED_AFTER_PROMPT, UNTIMED_AFTER_LOOKUP = 4, 1
 
 
 class VerifyLoop:
@@ -88,10 +83,7 @@ class VerifyLoop:
         self.asleep = False  # the drafter skipped steps (policy.sleep): it restarts before drafting again
         self.h_on: Optional[bool] = None  # the target computes its h rows (nextn embeddings) for its decodes
         self.shadow: Optional[list[int]] = None  # a shadow step's drafts, compared once the target decoded
-        # the step that ended is left out of the policy's windows (a lookup's, or one of the first after
-        # another decode: UNTIMED_AFTER_*); how many of the steps to come are
-        self._unclocked, self._untimed = False, 0
-        self._t_step = self._tc_step = 0.0  # when the current step began; the consumer's time then
+        self.clock = StepClock()  # which steps the policy times
         self.decoded: list[int] = []  # the tokens the target's memory holds, in order
         self._prompt: Optional[np.ndarray] = None  # while prefilling: the prompt; positions _p0.. to decode
         self._p0 = self._recall_from = 0  # (asleep, a drafter that remembers keeps the rows from _recall_from on)
@@ -209,11 +201,7 @@ class VerifyLoop:
         drafts = self._drafts
         a, nxt = self._verify(drafts, row0, out0, dt, observe)
         self._settle(drafts, a, nxt)
-        # a lookup's step is not the policy's to time, nor are the first after it (counted in, with the first
-        # after the prompt, plain steps read 1.5x their cost on edit work: the head's N = 2 beat them)
-        lookup = bool(drafts) and self._self_sized_step()
-        self._unclocked = lookup or self._untimed > 0
-        self._untimed = max(self._untimed - 1, UNTIMED_AFTER_LOOKUP if lookup else 0)
+        self.clock.settled(bool(drafts) and self._self_sized_step())
         for j in range(a):
             if (yield from self._emit(drafts[j], "draft", j)):
                 return True
@@ -242,7 +230,7 @@ class VerifyLoop:
         if self.progress is not None:
             self.progress(len(prompt), len(prompt))
         stop = yield from self._emit(first, "target", 0)
-        self._untimed = UNTIMED_AFTER_PROMPT
+        self.clock.prompt_done()
         if st.stop_reason != "eog":
             self.policy.can_sleep = d.can_sleep
             self.policy.begin(self.t_consumer)  # (a generation that ends at its first token ran 0 steps)
@@ -264,16 +252,8 @@ class VerifyLoop:
         room = self._room()
         if room <= 0:
             return None
-        self._clock_step(_now())
+        self.clock.tick(self.policy, _now(), self.t_consumer)
         return self._propose(room)
-
-    def _clock_step(self, now: float) -> None:
-        """A step begins (or the generation ends) at `now`: the one that ended, if left out of the
-        policy's windows, is told as a foreign step (its tokens' emission in, the consumer's time out)."""
-        if self._unclocked:
-            self.policy.foreign(now - self._t_step - (self.t_consumer - self._tc_step))
-            self._unclocked = False
-        self._t_step, self._tc_step = now, self.t_consumer
 
     def _propose(self, room: int) -> Drafting:
         """The drafts to verify this step, as the policy says (it may put the drafter to sleep, or
@@ -411,7 +391,7 @@ class VerifyLoop:
             st.t_gen = max(0.0, end - t_start - st.t_prompt - self.t_consumer)
         st.t_consumer = self.t_consumer
         st.t_draft_decode, st.n_draft_decode = self.drafter.t_decode, self.drafter.n_decode
-        self._clock_step(end)
+        self.clock.tick(self.policy, end, self.t_consumer)
         self.policy.end(self.step)
         self.chooser.close()
 

@@ -20,8 +20,8 @@ from mtp_cli.drafters.lookup import LookupDrafter
 from mtp_cli.drafters.mtp import MtpDrafter
 from mtp_cli.drafters.ngram import NgramDrafter
 from mtp_cli.errors import ConfigError
-from mtp_cli.loop import UNTIMED_AFTER_LOOKUP, UNTIMED_AFTER_PROMPT, VerifyLoop
-from mtp_cli.policy import DraftPolicy
+from mtp_cli.loop import VerifyLoop
+from mtp_cli.policy import UNTIMED_AFTER_LOOKUP, UNTIMED_AFTER_PROMPT, DraftPolicy
 from mtp_cli.runtime import Runtime
 from tests.factory import TinySpec, token_permutation
 from tests.parity import SENSITIVE, greedy, run
