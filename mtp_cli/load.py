@@ -247,6 +247,7 @@ class LoadGate(DraftPolicy):
         self.inner.shadow_result(hit)
 
     def foreign(self, seconds: float) -> None:
+        self._held_at = None  # (a step decided here that the loop also leaves untimed: told once, the loop's time)
         self.inner.foreign(seconds)
 
     def end(self, done: int) -> None:

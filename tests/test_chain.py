@@ -192,7 +192,7 @@ def test_the_policy_times_neither_a_lookups_step_nor_the_first_after_another_dec
     cfg = greedy(spec_type="lookup,mtp", draft_n_max=4, n_predict=40)
     with Runtime.load(s["full"], spec_type="lookup,mtp") as rt:
         for _ in rt.generate(_cycle_prompt(rt), cfg, policy=pol):
-            time.sleep(0.05)  # (a slow consumer: none of its time is a step's)
+            time.sleep(0.1)  # (a slow consumer: none of its time is a step's)
     told, seconds = set(), []
     for i, (kind, x) in enumerate(pol.log):  # (a step's report comes before the next step's call, or end's)
         if kind == "foreign":
@@ -203,7 +203,7 @@ def test_the_policy_times_neither_a_lookups_step_nor_the_first_after_another_dec
     lookups = {j for j, b in enumerate(by_lookup) if b}
     after = {j + i for j in lookups for i in range(1, UNTIMED_AFTER_LOOKUP + 1)}
     assert told == (set(range(UNTIMED_AFTER_PROMPT)) | lookups | after) & set(range(n)) and len(told) < n
-    assert max(seconds) < 0.05
+    assert max(seconds) < 0.1
 
 
 @pytest.mark.parametrize("spec", ["lookup,mtp", "ngram,mtp", "ngram,lookup"])

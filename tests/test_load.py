@@ -168,6 +168,20 @@ def test_beside_others_the_gate_decides_and_an_asleep_head_first_catches_up():
     assert inner.foreign_steps == LOAD_WARM + 3
 
 
+def test_a_held_step_the_loop_also_leaves_untimed_is_one_foreign_step():
+    """A step decided beside others that the loop also tells as foreign (one of the first after the
+    prompt, or after a lookup's pass: policy.StepClock) reaches the inner policy once."""
+    others = [(3, 3, 0)]
+    g, inner = gate(gpu, others)
+    g.step(-1, -1, 0.0, 0)  # (held: the others share the decode)
+    g.foreign(0.004)  # (the loop's clock: step 0 untimed, told before the next step's call)
+    g.step(0, 0, 0.0, 1)
+    assert inner.foreign_steps == 1
+    g.foreign(0.004)
+    g.end(2)
+    assert inner.foreign_steps == 2
+
+
 @pytest.mark.parametrize("why", ["cpu costs", "no evidence", "costs unknown"])
 def test_beside_others_the_gate_holds_where_drafts_cannot_pay_or_it_does_not_know(why):
     others = [(3, 3, 0)]
