@@ -12,10 +12,17 @@ import pytest
 
 from mtp_cli import llama_ext as lx
 from mtp_cli.drafters.mtp import MtpDrafter
-from mtp_cli.policy import DraftPolicy
+from mtp_cli.policy import UNTIMED_AFTER_PROMPT, DraftPolicy
 from mtp_cli.runtime import Runtime
 from mtp_cli.speed import profiles
-from mtp_cli.speed.adaptive import GAP_START, PROBE_BUDGET, PROBE_STEPS, WARM_STEPS, AdaptiveController
+from mtp_cli.speed.adaptive import (
+    GAP_START,
+    PROBE_BUDGET,
+    PROBE_STEPS,
+    SWITCH_MARGIN,
+    WARM_STEPS,
+    AdaptiveController,
+)
 from mtp_cli.speed.auto import NO_PROFILE_NOTE, AutoDraft
 from mtp_cli.speed.evidence import COST_DOUBT, Evidence
 from tests.speedkit import FLAT, _profile, greedy, run_cli, tokens
@@ -168,6 +175,25 @@ def test_the_switching_margin_never_holds_a_setting_slower_than_plain_decoding()
     assert ctl.best == 3
 
 
+def test_a_deeper_n_seen_in_a_probe_replaces_the_best_only_past_one_miss_more():
+    """Positions only a larger N drafts are seen in its probes' few steps: it replaces the best judged
+    with one miss more than seen there (DEEP_DOUBT). Over RPC one 3-step probe of N = 3 over easy text
+    took its third draft from 53% to 70% right, and N = 3, 3-4% slower than N = 2 there, stayed."""
+    ctl = AdaptiveController(3)
+    ctl.ev.add_cost(0, 0.020, 50)
+    ctl.ev.add_cost(2, 0.0354, 100)
+    ctl.ev.add_cost(3, 0.0432, 4)
+    ctl.best = 2
+    ctl.ev.D[:], ctl.ev.A[:] = [60.0, 60.0, 5.5], [53.4, 46.2, 4.3]
+    thr = ctl.throughput()
+    assert thr[3] > SWITCH_MARGIN * thr[2]  # type: ignore[operator]  # (the point estimates would switch)
+    ctl._update_best(thr, 2)
+    assert ctl.best == 2
+    ctl.ev.D[2], ctl.ev.A[2] = 40.0, 30.0  # (its third draft seen right as often over many steps)
+    ctl._update_best(ctl.throughput(), 2)
+    assert ctl.best == 3
+
+
 def test_a_head_that_cannot_pay_here_costs_little(monkeypatch):
     """A head that hits 70% on a machine where every verify pass costs 2 plain steps and more (this
     2-core CPU's kind): no N pays at any acceptance it may have, so it sleeps (staying in step
@@ -298,11 +324,119 @@ def test_a_probe_whose_timed_steps_a_generations_end_dropped_is_timed_again(monk
     assert n >= 1 and ctl.cost(n) is None
     ctl.end(done + PROBE_STEPS)  # (the generation ended inside the probe's timed steps)
     ctl.begin(0.0)
-    assert ctl.step(n, n, 0.0, 0) == n and ctl._probing == 2  # timed again, at the same N
-    for d in range(1, PROBE_STEPS):
-        clock[0] += 0.01 * (1 + n)
-        ctl.step(n, n, 0.0, d)
+    # timed again, at the same N, past the steps the loop leaves untimed at a generation's start (slow ones)
+    for d in range(UNTIMED_AFTER_PROMPT + PROBE_STEPS - 1):
+        assert ctl.step(n, n, 0.0, d) == n and ctl._probing == 2, d
+        t = 0.01 * (1 + n) * (3.0 if d < UNTIMED_AFTER_PROMPT else 1.0)
+        clock[0] += t
+        if d < UNTIMED_AFTER_PROMPT:
+            ctl.foreign(t)
+    ctl.step(n, n, 0.0, UNTIMED_AFTER_PROMPT + PROBE_STEPS - 1)
     assert ctl.cost(n) == pytest.approx(0.01 * (1 + n))
+
+
+def test_a_probe_cut_early_by_a_generations_end_is_timed_again_from_the_next_ones_start(monkeypatch):
+    """A generation that ends a step into a probe's timed steps drops their time: the next one re-times
+    them from its first step (judged on what its steps after the cut happened to time, it was 1-2 steps)."""
+    clock = [0.0]
+    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
+    ctl = AdaptiveController(8)
+    ctl.ev.add_cost(0, 0.01, 50)
+    ctl.begin(0.0)
+    n, done = 0, 0
+    while not (ctl._probing == 2 and not ctl.shadow):
+        n = ctl.step(n, n, 0.0, done)
+        if ctl.shadow:
+            ctl.shadow_result(True)
+        clock[0] += 0.01 * (1 + n)
+        done += 1
+    ctl.end(done + 1)  # (one timed step ran)
+    ctl.begin(0.0)
+    assert ctl.step(n, n, 0.0, 0) == n and ctl._probing == 2 and ctl._retimed
+
+
+def generations(ctl: AdaptiveController, count: int, length: int, monkeypatch) -> dict[str, list[int]]:
+    """`count` generations of `length` steps on a fake clock, a head right 80% of the time, the first
+    UNTIMED_AFTER_PROMPT steps of each reported foreign as the loop's StepClock does: where real probes
+    started (step within their generation), those whose N's cost evidence had not grown when they
+    ended, the longest run of generations a probe stayed pending (_warm) across."""
+    clock = [0.0]
+    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
+    rng = random.Random(3)
+    seen: dict[str, list[int]] = {"starts": [], "unmeasured": [], "pending": [0]}
+    k = a = -1
+    pending, probe = 0, None
+    for _ in range(count):
+        ctl.begin(0.0)
+        for done in range(length):
+            probes = ctl.n_probes
+            n = ctl.step(k, a, 0.0, done)
+            if probe is not None and (not ctl._probing or ctl.n_probes > probes):  # (it ended)
+                if ctl.ev.C[probe[0]] <= probe[1]:
+                    seen["unmeasured"].append(probe[0])
+                probe = None
+            if ctl.n_probes > probes:
+                seen["starts"].append(done)
+                probe = (n, ctl.ev.C[n])
+            t = 0.01 if ctl.shadow or not n else 0.01 * (1.2 + 0.15 * n)
+            clock[0] += t
+            if done < UNTIMED_AFTER_PROMPT:
+                ctl.foreign(t)
+            if ctl.shadow:
+                ctl.shadow_result(rng.random() < 0.8)
+                k = a = 0
+                continue
+            k, a = n, 0
+            while a < k and rng.random() < 0.8:
+                a += 1
+        ctl.end(length)
+        pending = pending + 1 if ctl._warm is not None else 0
+        seen["pending"][0] = max(seen["pending"][0], pending)
+    return seen
+
+
+def test_a_probe_due_in_a_generations_untimed_opening_starts_as_it_ends(monkeypatch):
+    """The loop times none of a generation's first UNTIMED_AFTER_PROMPT steps: a probe due there runs
+    the best N until its own (untimed) first step is the opening's last, so its timed steps are timed
+    (started at a generation's first step, over RPC a probe of N = 4 ran its three timed steps twice)."""
+    seen = generations(AdaptiveController(8), 60, 12, monkeypatch)
+    assert len(seen["starts"]) >= 3 and min(seen["starts"]) == UNTIMED_AFTER_PROMPT - 1, seen
+    assert not seen["unmeasured"], seen
+
+
+def test_generations_barely_longer_than_their_opening_still_get_probes(monkeypatch):
+    """A probe waits out a generation's opening at most once (a generation may end inside it): with
+    one timed step a generation, probes still start, and nothing stays pending."""
+    ctl = AdaptiveController(8)
+    seen = generations(ctl, 300, UNTIMED_AFTER_PROMPT + 1, monkeypatch)
+    assert seen["pending"][0] <= 2 and ctl.n_probes >= 3, (seen, ctl.describe())
+
+
+def test_what_untimed_steps_drafted_is_acceptance_evidence():
+    """A window of steps the loop left untimed (foreign) has no time to measure, but its drafts were
+    accepted or not all the same: kept (before, dropped with the window)."""
+    ctl = AdaptiveController(8, start=2)
+    ctl.begin(0.0)
+    assert ctl.step(-1, -1, 0.0, 0) == 2
+    for done in range(1, UNTIMED_AFTER_PROMPT + 1):
+        ctl.foreign(0.01)
+        ctl.step(2, 2, 0.0, done)
+    assert ctl.ev.D[:2] == [UNTIMED_AFTER_PROMPT] * 2 and ctl.ev.hit_rate() == 1.0
+
+
+def test_a_probe_beside_a_drafting_best_waits_for_all_it_lost():
+    """Its cost is doubted (COST_DOUBT) only where a probe may turn drafting on: between two drafting
+    N what it lost is what it cost (over RPC at 5 ms a probe of N = 4 read 14% dear, was doubted to
+    a loss of nothing and probed again every ~50 steps: 6% of a row's time)."""
+    ctl = AdaptiveController(3)
+    ctl.ev.add_cost(0, 0.01, 200)
+    ctl.ev.add_cost(2, 0.015, 200)
+    ctl.ev.fold([0, 0, 0, 100, 0], [20, 20, 20, 40, 0])  # N = 3 drafted 100 times
+    ctl.best = 2
+    acc = ctl.acceptance()
+    loss = 0.02 / 0.015 - (1.0 + sum(acc[:3])) / (1.0 + sum(acc[:2]))
+    assert loss > 0.1
+    assert ctl._probe_wait(3, 0.02) == pytest.approx(PROBE_STEPS * loss / PROBE_BUDGET, rel=0.01)
 
 
 def test_an_unmeasured_n_between_two_measured_costs_their_line():
@@ -316,7 +450,7 @@ def test_an_unmeasured_n_between_two_measured_costs_their_line():
     ctl.best = ctl._climbed = 2
     measured = [ctl.cost(n) for n in range(9)]
     assert ctl.ev.cost_optimistic(1, measured) == pytest.approx((0.0254 + 0.0567) / 2, rel=0.01)
-    assert ctl._probe_candidate(ctl.throughput()) == 3
+    assert ctl.ev.promising(ctl.throughput(), ctl.best, ctl._climbed) == 3
 
 
 def test_a_cost_measured_over_few_steps_is_doubted_when_choosing_a_probe():

@@ -11,23 +11,23 @@ drafting setting beats it. Exploration is by probes, at most one per `gap` steps
 to GAP_MAX while probes change nothing) and, after a probe that changed nothing, not before its
 extra cost is PROBE_BUDGET (0.5%) of the steps since (unless it came within CLOSE_CALL of the best).
 A probe runs the N with the highest optimistic throughput if that beats the best; PROBE_STEPS
-steps, the first untimed (graph rebuilds, catch-up). While drafting is off and the head's
-first-token hit rate is below SHADOW_RATE (or unknown), a probe is up to SHADOW_STEPS shadow steps
-instead (ending once the rest cannot change its verdict): the head drafts one token, the target
-decodes one token as usual, and only the two are compared, which is acceptance evidence for one
-head decode. So a useless head costs a shadow step now and then; a
-machine where drafting cannot pay at any acceptance stops probing; a head that becomes useful is
-found again. A real probe while the drafter sleeps comes after WARM_STEPS plain steps with the
-drafter in step: a head restarted with no history judged itself low (it now re-reads the prompt's
-rows on waking, drafters.recall, and needs few); a shadow probe needs none.
+steps, the first untimed (graph rebuilds, catch-up), none of its timed ones among the first steps
+of a generation, which the loop leaves untimed (mtp_cli.policy.StepClock): a probe due there waits.
+While drafting is off and the head's first-token hit rate is below SHADOW_RATE (or unknown), a
+probe is up to SHADOW_STEPS shadow steps instead (ending once the rest cannot change its verdict;
+untimed steps may hold them): the head drafts one token, the target decodes one as usual, and the
+two are compared, acceptance evidence for one head decode. So a useless head costs a shadow step
+now and then; a machine where drafting cannot pay at any acceptance stops probing; a head that
+becomes useful is found again. A real probe while the drafter sleeps comes after WARM_STEPS plain
+steps (or the rest of a generation's opening) with the drafter in step (it re-reads the prompt's
+rows on waking, drafters.recall).
 
 While off, `sleep` is set: the loop stops calling a drafter that can resume cold (the MTP drafter
-restarts its context at the current position, with only the prompt's last rows below it), so an off controller
+restarts at the current position, with only the prompt's last rows below it), so an off controller
 costs plain decoding plus a counter. Kept in step, an off drafter cost ~1% of a small model's
-decoding (its catch-up rows) and, over RPC, the target's h rows: one more round trip per token, 7%
-at 1 ms and 30% at 5 ms. That bought a probe a head with its whole history, which the warm-up
-before each probe nearly gives too; judged by measuring both, one noisy window kept it in step for
-good (over RPC at 0 ms: 282 steps in step, 0.94x plain, against 0.99x asleep).
+decoding and, over RPC, the target's h rows: one more round trip per token (7% at 1 ms, 30% at 5
+ms); judged by measuring both, one noisy window kept it in step for good (over RPC at 0 ms, 0.94x
+plain against 0.99x asleep).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from mtp_cli.errors import ConfigError
-from mtp_cli.policy import DraftPolicy
+from mtp_cli.policy import UNTIMED_AFTER_PROMPT, DraftPolicy
 from mtp_cli.speed.evidence import GAMMA_ACC, Evidence
 
 _now = time.perf_counter
@@ -49,7 +49,6 @@ WINDOW_START = 4
 GAP_MIN, GAP_MAX = 8, 512  # steps between probes
 GAP_START = 4  # starting off, the first look after this many plain steps (over RPC a 32-token answer: ~12 steps)
 SHADOW_RATE = 0.25  # while off and the head's first-token hit rate is below this (or unknown), probes are shadow steps
-PROBE_MARGIN = 1.02
 # a drafting N replaces another as the best only when this much better (over RPC, 2 servers: N = 2 and
 # 3 within 4% of each other, and the best switched 7-8 times in 140 steps); to or from plain decoding
 # the estimates decide alone (a win is taken, a loss left, at once)
@@ -100,7 +99,8 @@ class AdaptiveController(DraftPolicy):
         self.quiet = 0  # steps step() answers without looking (drafting off, nothing to count)
         self._probing = 0  # 1: a probe's first step runs, 2: its timed steps run
         self._retimed = False  # the probe's timed steps were run again (a generation's end dropped their time)
-        self._warm: Optional[int] = None  # the probe an asleep head's warm-up window leads to
+        self._deferred = False  # the pending probe (_warm) has had its one wait for a generation's opening
+        self._warm: Optional[int] = None  # the probe a warm-up (an asleep head's, a generation's opening) leads to
         self._climbed = start  # the largest N probed (or started at) so far: probes go at most one past it
         self._gap = GAP_START  # starting off: the first (shadow) probe after GAP_START plain steps and its warm-up
         self._wait = 0.0  # steps the last probe's extra cost asks the next one to wait (PROBE_BUDGET)
@@ -132,6 +132,8 @@ class AdaptiveController(DraftPolicy):
         self.sleep = self.sleep and self.can_sleep  # (a drafter that cannot sleep is in step: no warm-up either)
         if not self.sleep:
             self._due = min(self._due, self._base + WINDOW_ON)
+        if self._probing == 2:  # (its timed steps' time went with the last generation: timed again, past the opening)
+            self._due = self._base
         # the first call (done = 0) answers from the fast path: skip to the decision
         self.quiet = max(0, self._due - self._base - 1) if self.sleep else 0
         self._active = True
@@ -204,6 +206,8 @@ class AdaptiveController(DraftPolicy):
         steps = total - self._w0 - self._f_steps  # since the window started, or this generation did: its own
         if steps > 0:
             self._observe(steps, n_win, (_now() - self._t0 - (t_consumer - self._tc0) - self._f_time) / steps)
+        elif any(self._nk):  # (untimed steps only: what they drafted is still acceptance evidence)
+            self.ev.fold(self._nk, self._na)
         self._nk = [0] * (self.n_max + 2)
         self._na = [0] * (self.n_max + 2)
         self._w0 = total
@@ -212,21 +216,34 @@ class AdaptiveController(DraftPolicy):
         # one at N = 3 that did kept the N that paid off for the rest of a row)
         again = self._probing == 2 and steps <= 0 and not self.shadow and not self._retimed
         if (self._probing == 1 and not self.shadow) or again:
-            self._probing, self._retimed = 2, again
-            self._due = total + PROBE_STEPS - 1
-            self.quiet = 0
-            self._t0, self._tc0 = _now(), t_consumer
-            self._f_steps, self._f_time = 0, 0.0
-            return self.n
-        if self._warm is not None:  # the head caught up: the probe
-            probe, self._warm = self._warm, None
-            return self._next_window(self._start_probe(probe), t_consumer, total)
+            return self._timed_steps(again, t_consumer, total)
+        if self._warm is not None:  # a pending probe: started, or waiting out a generation's opening (once)
+            return self._next_window(self._pending_probe(total), t_consumer, total)
         due = max(self._gap, self._wait)
         if n_win == 0 and self.best == 0 and not self._probing and self._since < due:  # off, no probe due yet
             return self._next_window(self._off_window(int(due - self._since)), t_consumer, total)
         thr = self.ev.throughput()
         self._update_best(thr, n_win)
-        return self._next_window(self._off_window(self._next_setting(thr)), t_consumer, total)
+        window = self._next_setting(thr, self._opening(total))
+        return self._next_window(self._off_window(window), t_consumer, total)
+
+    def _timed_steps(self, again: bool, t_consumer: float, total: int) -> int:
+        """A probe's timed steps (again: re-timed, a generation's end dropped their time), past any opening."""
+        self._probing, self._retimed = 2, again
+        self._due = total + PROBE_STEPS - 1 + self._untimed_left(total)
+        self.quiet = 0
+        self._t0, self._tc0 = _now(), t_consumer
+        self._f_steps, self._f_time = 0, 0.0
+        return self.n
+
+    def _pending_probe(self, total: int) -> int:
+        """The probe a warm-up led to, or (once: a generation may end in it) the rest of an opening first."""
+        left = self._opening(total)
+        if left and not self._deferred:
+            self._deferred = True
+            return left
+        probe, self._warm = self._warm, None
+        return self._start_probe(probe)  # type: ignore[arg-type]  # (_warm was set)
 
     def _off_window(self, window: int) -> int:
         """Whether an off drafter sleeps (but in a probe's warm-up); the window's length."""
@@ -241,7 +258,7 @@ class AdaptiveController(DraftPolicy):
         if self._probing and not warm_up:
             self._wait = self._probe_wait(n_win, per, steps)
         if self.ev.measure and not self.shadow and not warm_up:  # a shadow step is plain decoding plus a head decode
-            if self._warm is None:  # (a probe's warm-up is the probe's cost, not plain decoding's)
+            if self._warm is None:  # (a probe's warm-up is the probe's cost; an opening's steps are untimed)
                 self.ev.add_cost(n_win, per, steps)
         self.steps += steps
         self._since += steps
@@ -249,9 +266,10 @@ class AdaptiveController(DraftPolicy):
 
     def _update_best(self, thr: list[Optional[float]], n_win: int) -> None:
         old = self.best
-        cands = [n for n in range(self.n_max + 1) if thr[n] is not None]
-        best = max(cands, key=lambda n: thr[n]) if cands else old  # type: ignore[arg-type,return-value]
-        t_old, t_new, t_plain = thr[old], thr[best], thr[0]
+        judged = self.ev.judged(thr, old)
+        cands = [n for n in range(self.n_max + 1) if judged[n] is not None]
+        best = max(cands, key=lambda n: judged[n]) if cands else old  # type: ignore[arg-type,return-value]
+        t_old, t_new, t_plain = thr[old], judged[best], thr[0]
         if t_old is None or t_new is None or not (best and old):
             close = False
         else:  # (never held below plain decoding)
@@ -272,19 +290,25 @@ class AdaptiveController(DraftPolicy):
             elif best == old:  # nothing changed: probe less often
                 self._gap = min(2 * self._gap, GAP_MAX)
                 t_probe, t_best = thr[n_win], thr[best]
+                # (thr, not judged: a larger N held back by DEEP_DOUBT alone is looked at again for its evidence)
                 if not self.shadow and t_probe and t_best and t_probe >= CLOSE_CALL * t_best:
                     self._wait = 0.0  # a close call (a few steps say little): look again soon
 
-    def _next_setting(self, thr: list[Optional[float]]) -> int:
-        """Set N for the next window (a probe, its warm-up, a shadow step, or the best); its length in steps."""
-        probe = self._probe_candidate(thr) if self._since >= max(self._gap, self._wait) else None
+    def _next_setting(self, thr: list[Optional[float]], opening: int) -> int:
+        """Set N for the next window (a probe, its warm-up, a shadow step, or the best); its length in
+        steps. opening: steps before a probe's timed steps would be timed (_opening)."""
+        looking = self._since >= max(self._gap, self._wait)
+        probe = self.ev.promising(thr, self.best, self._climbed) if looking else None
         self.shadow = False
         if probe is not None:
             # an asleep head first catches up a few steps (a cold one reads low), but for a shadow probe: it asks
             # 25%, and it keeps the head in step for the real probe that may follow
             if self.sleep and not self._shadow_due(probe):
-                self._warm, self.n = probe, 0
-                return WARM_STEPS
+                self._warm, self.n, self._deferred = probe, 0, opening > 0
+                return max(WARM_STEPS, opening)
+            if opening and not self._shadow_due(probe):  # (a shadow step is not timed: it may run there)
+                self._warm, self.n, self._deferred = probe, self.best, True
+                return opening
             return self._start_probe(probe)
         self.n = self.best
         if self.best:
@@ -292,10 +316,19 @@ class AdaptiveController(DraftPolicy):
         due = max(self._gap, self._wait)
         return max(int(due - self._since), 1) if self._since < due else WINDOW_OFF
 
+    def _untimed_left(self, total: int) -> int:
+        """Steps the loop leaves untimed at this generation's start (UNTIMED_AFTER_PROMPT) still to come."""
+        return max(0, UNTIMED_AFTER_PROMPT - (total - self._base))
+
+    def _opening(self, total: int) -> int:
+        """Steps before a probe started now would have its timed steps timed (its own first step is not):
+        over RPC a probe of N = 4 started at a generation's first step ran 7 steps, its timed ones again."""
+        return max(0, self._untimed_left(total) - 1)
+
     def _start_probe(self, probe: int) -> int:
         """A probe at N = probe, or a shadow step (is the head any good? costs plain decoding plus one
         head decode); its first window's length."""
-        self._probing, self._retimed = 1, False
+        self._probing, self._retimed, self._deferred = 1, False, False
         self._since = 0
         self.n = probe
         if self._shadow_due(probe):
@@ -322,14 +355,14 @@ class AdaptiveController(DraftPolicy):
 
     def _probe_wait(self, n: int, per: float, steps: int = PROBE_STEPS - 1) -> float:
         """Steps before the next probe, so probes cost at most PROBE_BUDGET of the time: the time the
-        probe's `steps` timed steps lost against the best N for the tokens they gave (over RPC N = 2
-        costs 2 steps, gives 2.4), their cost doubted as a probe's promise is (a few steps may read
-        it dear: over RPC one dear probe at N = 2 kept drafting off for a whole row where it ran 1.15x)."""
+        probe's `steps` timed steps lost against the best N for the tokens they gave. Off, their cost
+        is doubted as a probe's promise is (over RPC one dear read of N = 2 kept a 1.15x head off for a
+        row); beside a drafting best, a loss is a loss (doubted, a 14% dear N = 4 was probed every ~50 steps)."""
         base = self.ev.cost(self.best)
         if not base:
             return 0.0
         if self.ev.measure:
-            c = min(per, 3.0 * base) * self.ev.doubt(n, steps)
+            c = min(per, 3.0 * base) * (self.ev.doubt(n, steps) if self.best == 0 else 1.0)
         elif self.shadow:
             return 0.0  # (fixed costs say nothing about a shadow step)
         else:
@@ -338,29 +371,6 @@ class AdaptiveController(DraftPolicy):
         gives = 1.0 if self.shadow else 1.0 + sum(acc[:n])
         steps = SHADOW_STEPS if self.shadow else PROBE_STEPS  # (what the whole probe lost, not one step)
         return steps * max(0.0, c / base - gives / (1.0 + sum(acc[: self.best]))) / PROBE_BUDGET
-
-    def _probe_candidate(self, thr: list[Optional[float]]) -> Optional[int]:
-        """The N with the highest optimistic throughput, if that beats the best's estimate (an
-        unmeasured N = 0 first: its cost is the baseline), climbing: at most one past the largest N
-        probed so far (not decayed: probes can be hundreds of steps apart), or the smallest N that
-        could win if that is further. A few shadow hits put every bound at 1, and a first probe at
-        N = 8 that loses makes the next one wait."""
-        measured = [self.ev.cost(n) for n in range(self.n_max + 1)]
-        up = self.ev.acceptance_upper()
-        top = (thr[self.best] or 0.0) * PROBE_MARGIN
-        e, wins = 1.0, []
-        for n in range(self.n_max + 1):
-            if n:
-                e += up[n - 1]
-            if n == self.best:
-                continue
-            c = self.ev.cost_optimistic(n, measured)
-            if c <= 0.0:
-                return n
-            if e / c > top:
-                wins.append((n, e / c))
-        cap = max(self._climbed + 1, wins[0][0]) if wins else 0
-        return max((w for w in wins if w[0] <= cap), key=lambda w: w[1])[0] if wins else None
 
     # -- reports -----------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ Optimistic estimates, for probing: acceptance upper bounds (A+1)/(D+1), which gr
 decays (continued geometrically past positions without evidence); for an unmeasured N a cost
 interpolated between the measured N on either side (a step's cost grows with N, by less per N the
 more N there are over RPC), else extrapolated at half the measured slope (or shaped by given
-relative costs), for a measured one its cost less COST_DOUBT / sqrt(steps measured).
+relative costs), for a measured one its cost less COST_DOUBT / sqrt(steps measured); `promising`,
+the N they make worth a probe. Pessimistic, for switching (`judged`): a drafting N above the best
+with DEEP_DOUBT misses more than seen at the positions only it drafts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ SLOPE_OPTIMISM = 0.5  # unmeasured N: cost extrapolated at this fraction of the 
 # a cost measured over C steps may read up to COST_DOUBT / sqrt(C) too dear (over RPC, 2 servers: one
 # probe's 3 timed steps at N = 1 and 2 read them dear and kept drafting off for 300 steps; 1.17-1.23x)
 COST_DOUBT = 0.3
+# a drafting N replaces a smaller one judged with one miss more than seen at the positions only it drafts: a
+# probe's few steps see them (over RPC one 3-step probe of N = 3 at a run of easy text took its third draft
+# from 53% to 70% right, and N = 3, 3-4% slower there than N = 2, replaced it for good)
+DEEP_DOUBT = 1.0
+PROBE_MARGIN = 1.02  # a probe's optimistic throughput must beat the best's estimate by this
 
 
 class Evidence:
@@ -88,13 +95,15 @@ class Evidence:
             return self.costs[n]  # type: ignore[index]  # measure=False comes with costs
         return self.S[n] / self.C[n] if self.C[n] >= MIN_WEIGHT else None
 
-    def acceptance(self) -> list[float]:
-        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1."""
+    def acceptance(self, doubt_from: Optional[int] = None) -> list[float]:
+        """Point estimates of P(first i+1 drafts accepted), i = 0..n_max-1; from position doubt_from on,
+        one miss more than seen (DEEP_DOUBT)."""
         out = []
         prev2, prev = 1.0, 1.0
         for i in range(self.n_max):
             extra = 0.0 if i == 0 else (min(prev, prev * prev / prev2) if prev2 > 0 else 0.0)
-            p = min((self.A[i] + PRIOR_WEIGHT * extra) / (self.D[i] + PRIOR_WEIGHT), prev)
+            miss = DEEP_DOUBT if doubt_from is not None and i >= doubt_from else 0.0
+            p = min((self.A[i] + PRIOR_WEIGHT * extra) / (self.D[i] + PRIOR_WEIGHT + miss), prev)
             out.append(p)
             prev2, prev = prev, p
         return out
@@ -125,6 +134,42 @@ class Evidence:
             out.append(e / c if c else None)
         return out
 
+    def judged(self, thr: Sequence[Optional[float]], best: int) -> list[Optional[float]]:
+        """thr as the best's rivals are judged: a drafting N above the best with DEEP_DOUBT at the
+        positions only it drafts."""
+        if not best:
+            return list(thr)
+        acc, doubted = self.acceptance(), self.acceptance(doubt_from=best)
+        e, e_doubted, out = 1.0 + sum(acc[:best]), 1.0 + sum(doubted[:best]), list(thr)
+        for n in range(best + 1, len(thr)):
+            e, e_doubted = e + acc[n - 1], e_doubted + doubted[n - 1]
+            t = thr[n]
+            out[n] = t * e_doubted / e if t is not None else None
+        return out
+
+    def promising(self, thr: Sequence[Optional[float]], best: int, climbed: int) -> Optional[int]:
+        """The N to probe: the highest optimistic throughput, if that beats the best's estimate by
+        PROBE_MARGIN (an unmeasured N = 0 first: its cost is the baseline), climbing: at most one past
+        the largest N probed so far (`climbed`, not decayed: probes can be hundreds of steps apart), or
+        the smallest N that could win if that is further. A few shadow hits put every bound at 1, and
+        a first probe at N = 8 that loses makes the next one wait."""
+        measured = [self.cost(n) for n in range(self.n_max + 1)]
+        up = self.acceptance_upper()
+        top = (thr[best] or 0.0) * PROBE_MARGIN
+        e, wins = 1.0, []
+        for n in range(self.n_max + 1):
+            if n:
+                e += up[n - 1]
+            if n == best:
+                continue
+            c = self.cost_optimistic(n, measured)
+            if c <= 0.0:
+                return n
+            if e / c > top:
+                wins.append((n, e / c))
+        cap = max(climbed + 1, wins[0][0]) if wins else 0
+        return max((w for w in wins if w[0] <= cap), key=lambda w: w[1])[0] if wins else None
+
     def doubt(self, n: int, more: float = 0.0) -> float:
         """The share of N's measured cost it may really be: 1 - COST_DOUBT / sqrt(steps measured, and
         `more` about to be), at least a half."""
@@ -152,4 +197,13 @@ class Evidence:
         return c1 * (1.0 + 0.1 * (n - j1))
 
 
-__all__ = ["Evidence", "COST_DOUBT", "GAMMA_ACC", "GAMMA_COST", "MIN_WEIGHT", "PRIOR_WEIGHT", "SLOPE_OPTIMISM"]
+__all__ = [
+    "Evidence",
+    "COST_DOUBT",
+    "DEEP_DOUBT",
+    "GAMMA_ACC",
+    "GAMMA_COST",
+    "MIN_WEIGHT",
+    "PRIOR_WEIGHT",
+    "SLOPE_OPTIMISM",
+]
