@@ -306,21 +306,28 @@ def test_only_a_real_probe_of_an_asleep_head_waits_for_a_warm_up():
     assert seen[-1][0] >= 1 and not ctl.shadow and ctl.n_probes == 1
 
 
-def test_a_probe_whose_timed_steps_a_generations_end_dropped_is_timed_again(monkeypatch):
-    """A generation's end drops its partial window's time: a probe timed there measured nothing. It runs
-    its timed steps again (once) in the next generation, instead of counting as a look that found nothing."""
+def to_a_probes_timed_steps(monkeypatch) -> tuple[AdaptiveController, int, int, list[float]]:
+    """A fresh controller (plain decoding measured) stepped on a fake clock up to a real probe's timed
+    steps: it, the probe's N, the steps done, the clock."""
     clock = [0.0]
     monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
     ctl = AdaptiveController(8)
     ctl.ev.add_cost(0, 0.01, 50)
     ctl.begin(0.0)
     n, done = 0, 0
-    while not (ctl._probing == 2 and not ctl.shadow):  # up to a real probe's timed steps
+    while not (ctl._probing == 2 and not ctl.shadow):
         n = ctl.step(n, n, 0.0, done)
         if ctl.shadow:
             ctl.shadow_result(True)
         clock[0] += 0.01 * (1 + n)
         done += 1
+    return ctl, n, done, clock
+
+
+def test_a_probe_whose_timed_steps_a_generations_end_dropped_is_timed_again(monkeypatch):
+    """A generation's end drops its partial window's time: a probe timed there measured nothing. It runs
+    its timed steps again (once) in the next generation, instead of counting as a look that found nothing."""
+    ctl, n, done, clock = to_a_probes_timed_steps(monkeypatch)
     assert n >= 1 and ctl.cost(n) is None
     ctl.end(done + PROBE_STEPS)  # (the generation ended inside the probe's timed steps)
     ctl.begin(0.0)
@@ -338,18 +345,7 @@ def test_a_probe_whose_timed_steps_a_generations_end_dropped_is_timed_again(monk
 def test_a_probe_cut_early_by_a_generations_end_is_timed_again_from_the_next_ones_start(monkeypatch):
     """A generation that ends a step into a probe's timed steps drops their time: the next one re-times
     them from its first step (judged on what its steps after the cut happened to time, it was 1-2 steps)."""
-    clock = [0.0]
-    monkeypatch.setattr("mtp_cli.speed.adaptive._now", lambda: clock[0])
-    ctl = AdaptiveController(8)
-    ctl.ev.add_cost(0, 0.01, 50)
-    ctl.begin(0.0)
-    n, done = 0, 0
-    while not (ctl._probing == 2 and not ctl.shadow):
-        n = ctl.step(n, n, 0.0, done)
-        if ctl.shadow:
-            ctl.shadow_result(True)
-        clock[0] += 0.01 * (1 + n)
-        done += 1
+    ctl, n, done, _ = to_a_probes_timed_steps(monkeypatch)
     ctl.end(done + 1)  # (one timed step ran)
     ctl.begin(0.0)
     assert ctl.step(n, n, 0.0, 0) == n and ctl._probing == 2 and ctl._retimed
