@@ -402,7 +402,8 @@ def test_a_probe_due_in_a_generations_untimed_opening_starts_as_it_ends(monkeypa
 
 def test_generations_barely_longer_than_their_opening_still_get_probes(monkeypatch):
     """A probe waits out a generation's opening at most once (a generation may end inside it): with
-    one timed step a generation, probes still start, and nothing stays pending."""
+    one timed step a generation, probes still start, and nothing stays pending (before, what shadow
+    steps in an opening saw was dropped with their window: 6 shadow probes in 300 generations, no real one)."""
     ctl = AdaptiveController(8)
     seen = generations(ctl, 300, UNTIMED_AFTER_PROMPT + 1, monkeypatch)
     assert seen["pending"][0] <= 2 and ctl.n_probes >= 3, (seen, ctl.describe())
