@@ -303,10 +303,11 @@ class AdaptiveController(DraftPolicy):
         if probe is not None:
             # an asleep head first catches up a few steps (a cold one reads low), but for a shadow probe: it asks
             # 25%, and it keeps the head in step for the real probe that may follow
-            if self.sleep and not self._shadow_due(probe):
+            real = not self._shadow_due(probe)  # (a shadow step is not timed: it may run in an opening)
+            if self.sleep and real:
                 self._warm, self.n, self._deferred = probe, 0, opening > 0
                 return max(WARM_STEPS, opening)
-            if opening and not self._shadow_due(probe):  # (a shadow step is not timed: it may run there)
+            if opening and real:
                 self._warm, self.n, self._deferred = probe, self.best, True
                 return opening
             return self._start_probe(probe)

@@ -205,5 +205,6 @@ __all__ = [
     "GAMMA_COST",
     "MIN_WEIGHT",
     "PRIOR_WEIGHT",
+    "PROBE_MARGIN",
     "SLOPE_OPTIMISM",
 ]
